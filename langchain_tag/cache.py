@@ -1,0 +1,139 @@
+"""Verdict caches: one judgment per (input, judged rule fields, model) is enough.
+
+The caches store verdicts serialised as JSON strings under opaque keys; the judge
+builds the keys and decides what is stored. It stores only successful verdicts: a
+failed judgment is retried the next time instead of turning into a remembered NO.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from pathlib import Path
+
+
+class VerdictCache(ABC):
+    """Where verdicts are remembered, keyed by an opaque string."""
+
+    @abstractmethod
+    def lookup(self, key: str) -> str | None:
+        """The stored verdict for `key`, or None."""
+
+    @abstractmethod
+    def update(self, key: str, value: str) -> None:
+        """Store a serialised verdict under `key`."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Forget every stored verdict."""
+
+    async def alookup(self, key: str) -> str | None:
+        """Async `lookup`; runs in a worker thread unless overridden."""
+        return await asyncio.to_thread(self.lookup, key)
+
+    async def aupdate(self, key: str, value: str) -> None:
+        """Async `update`; runs in a worker thread unless overridden."""
+        await asyncio.to_thread(self.update, key, value)
+
+
+class InMemoryVerdictCache(VerdictCache):
+    """A bounded, thread-safe LRU cache in process memory (the default)."""
+
+    def __init__(self, maxsize: int = 100_000) -> None:
+        """Keep at most `maxsize` verdicts, evicting the least recently used."""
+        if maxsize < 1:
+            msg = f"maxsize must be at least 1, got {maxsize}"
+            raise ValueError(msg)
+        self.maxsize = maxsize
+        self._data: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """Number of stored verdicts."""
+        return len(self._data)
+
+    def lookup(self, key: str) -> str | None:  # noqa: D102
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+        return value
+
+    def update(self, key: str, value: str) -> None:  # noqa: D102
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:  # noqa: D102
+        with self._lock:
+            self._data.clear()
+
+    # Dictionary access is fast enough that a thread hop would cost more than it saves.
+    async def alookup(self, key: str) -> str | None:  # noqa: D102
+        return self.lookup(key)
+
+    async def aupdate(self, key: str, value: str) -> None:  # noqa: D102
+        self.update(key, value)
+
+
+class SQLiteVerdictCache(VerdictCache):
+    """A persistent cache in one SQLite file, safe for several threads and processes.
+
+    The database runs in WAL mode with a busy timeout, so concurrent writers wait
+    for each other instead of failing.
+    """
+
+    def __init__(self, path: str | Path, *, timeout: float = 30.0) -> None:
+        """Open (creating if needed) the cache database at `path`."""
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.timeout = timeout
+        self._local = threading.local()
+        with self._connection() as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS verdicts ("
+                "key TEXT PRIMARY KEY, verdict TEXT NOT NULL, created REAL NOT NULL)"
+            )
+
+    def _connection(self) -> sqlite3.Connection:
+        # sqlite3 connections must not cross threads; each thread opens its own.
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=self.timeout)
+            with contextlib.suppress(sqlite3.OperationalError):
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+            self._local.conn = conn
+        return conn
+
+    def lookup(self, key: str) -> str | None:  # noqa: D102
+        row = (
+            self._connection()
+            .execute("SELECT verdict FROM verdicts WHERE key = ?", (key,))
+            .fetchone()
+        )
+        return None if row is None else str(row[0])
+
+    def update(self, key: str, value: str) -> None:  # noqa: D102
+        with self._connection() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO verdicts (key, verdict, created) "
+                "VALUES (?, ?, ?)",
+                (key, value, time.time()),
+            )
+
+    def clear(self) -> None:  # noqa: D102
+        with self._connection() as conn:
+            conn.execute("DELETE FROM verdicts")
+
+    def __len__(self) -> int:
+        """Number of stored verdicts."""
+        row = self._connection().execute("SELECT COUNT(*) FROM verdicts").fetchone()
+        return int(row[0])

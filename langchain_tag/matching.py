@@ -1,0 +1,745 @@
+"""Stage 2: pairwise applicability matching.
+
+One LLM judgment per (input, rule): does the input satisfy the rule's condition? The
+judge sees the rule's id, name, condition and tags (or the fields its rule-schema
+profile names), never the action, and answers at temperature 0.
+
+A judgment that fails after its retries is never silently a NO: the judge either
+raises `JudgmentError` or, under `on_error="not_applicable"`, returns a verdict whose
+`error` is set and warns with `UnreliableMatchWarning`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import json
+import math
+import random
+import re
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, cast
+
+import httpx
+import openai
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForChainRun,
+    CallbackManagerForChainRun,
+)
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import (
+    Runnable,
+    RunnableConfig,
+    RunnableSerializable,
+    ensure_config,
+)
+from langchain_core.runnables.config import ContextThreadPoolExecutor
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from langchain_tag import prompts
+from langchain_tag._concurrency import ConcurrencyLimiter
+from langchain_tag.cache import InMemoryVerdictCache, VerdictCache
+from langchain_tag.rules import Rule
+
+
+class Verdict(BaseModel):
+    """The outcome of judging one rule against one input."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rule_id: str
+    applies: bool
+    score: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="P(YES) / (P(YES) + P(NO)) from the model's logprobs, if any.",
+    )
+    reason: str | None = None
+    error: str | None = Field(
+        default=None,
+        description="Why the judgment failed; `applies` is then False by policy only.",
+    )
+    cached: bool = False
+
+    @property
+    def failed(self) -> bool:
+        """True if the judgment failed and `applies` was decided by the error policy."""
+        return self.error is not None
+
+
+class JudgmentError(RuntimeError):
+    """A judgment failed after its retries under `on_error="raise"`."""
+
+    def __init__(self, rule_id: str, error: str) -> None:
+        """Record which rule's judgment failed and why."""
+        self.rule_id = rule_id
+        self.error = error
+        super().__init__(
+            f"Judging rule {rule_id!r} failed: {error}. Nothing was assumed about it; "
+            "retry later, or set on_error='not_applicable' to continue with such "
+            "rules flagged as unjudged."
+        )
+
+
+class UnreliableMatchWarning(UserWarning):
+    """Some judgments failed and were treated as not applicable by policy."""
+
+
+# --- Retries ------------------------------------------------------------------------
+
+_TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    asyncio.TimeoutError,
+    ConnectionError,
+    httpx.TimeoutException,
+    httpx.NetworkError,
+    openai.RateLimitError,
+    openai.APITimeoutError,
+    openai.APIConnectionError,
+    openai.InternalServerError,
+)
+"""Errors retried by default; any error carrying a 408/429/5xx `status_code` is too."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter for transient model errors."""
+
+    max_attempts: int = 4
+    initial_delay: float = 1.0
+    backoff: float = 2.0
+    max_delay: float = 30.0
+    jitter: float = 0.25
+    retry_on: tuple[type[BaseException], ...] = field(default=TRANSIENT_ERRORS)
+
+    def is_transient(self, error: BaseException) -> bool:
+        """Whether `error` is worth retrying."""
+        if isinstance(error, self.retry_on):
+            return True
+        return getattr(error, "status_code", None) in _TRANSIENT_STATUS
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based)."""
+        base = min(self.max_delay, self.initial_delay * self.backoff ** (attempt - 1))
+        return base * (1 + self.jitter * random.random())  # noqa: S311 - not crypto
+
+
+# --- Rule-schema profiles -----------------------------------------------------------
+
+
+class YesNoOutput(BaseModel):
+    """Structured output of the condition profile."""
+
+    verdict: Literal["YES", "NO"]
+
+
+class ApplicableOutput(BaseModel):
+    """Structured output of the constraint profile."""
+
+    applicable: bool
+    reason: str
+
+
+class RuleSchemaProfile(BaseModel):
+    """What the judge sees of a rule, what it is told, and what it must answer.
+
+    The default profile shows `rule_id, name, condition, tags` and asks for YES/NO.
+    Domain profiles (like the paper's NBA matcher) show other rule fields and ask for
+    a boolean with a one-sentence reason. No profile may show the action.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    system_prompt: str
+    output_instruction: str
+    rule_fields: tuple[str, ...]
+    output_schema: type[YesNoOutput | ApplicableOutput]
+
+    @model_validator(mode="after")
+    def _never_the_action(self) -> RuleSchemaProfile:
+        if "action" in self.rule_fields:
+            msg = "a rule-schema profile must not show the rule's action to the judge"
+            raise ValueError(msg)
+        unknown = set(self.rule_fields) - set(Rule.model_fields)
+        if unknown:
+            msg = f"unknown rule fields in profile {self.name!r}: {sorted(unknown)}"
+            raise ValueError(msg)
+        return self
+
+    def judged_fields(self, rule: Rule) -> list[tuple[str, str]]:
+        """The (label, value) pairs the judge sees for `rule`, empty ones left out."""
+        pairs = []
+        for name in self.rule_fields:
+            value = getattr(rule, name)
+            if name == "applies_when" and not value:
+                value = rule.condition  # rules without profile fields still judge
+            if isinstance(value, tuple):
+                value = ", ".join(value)
+            if value:
+                pairs.append((name, str(value)))
+        return pairs
+
+
+CONDITION_PROFILE = RuleSchemaProfile(
+    name="condition",
+    system_prompt=prompts.JUDGE_SYSTEM,
+    output_instruction=prompts.JUDGE_OUTPUT_INSTRUCTION,
+    rule_fields=("rule_id", "name", "condition", "tags"),
+    output_schema=YesNoOutput,
+)
+"""The method's default matcher: YES/NO on the rule's observable condition."""
+
+
+def constraint_profile(
+    name: str = "constraint", domain_criteria: Sequence[str] = ()
+) -> RuleSchemaProfile:
+    """A profile that judges rules by their constraint-schema fields.
+
+    The judge sees `applies_when` (or `condition` when a rule has none), `constraint`,
+    `violation_check` and `does_not_apply_to`, and answers `applicable` with a reason.
+
+    Args:
+        name: The profile's name (part of the verdict cache key).
+        domain_criteria: Extra decision criteria for the domain, one sentence each.
+    """
+    return RuleSchemaProfile(
+        name=name,
+        system_prompt=prompts.CONSTRAINT_JUDGE_SYSTEM.format(
+            domain_criteria=prompts.render_criteria(domain_criteria)
+        ),
+        output_instruction=prompts.CONSTRAINT_OUTPUT_INSTRUCTION,
+        rule_fields=(
+            "rule_id",
+            "name",
+            "applies_when",
+            "constraint",
+            "violation_check",
+            "does_not_apply_to",
+            "tags",
+        ),
+        output_schema=ApplicableOutput,
+    )
+
+
+NBA_PROFILE = constraint_profile("nba", prompts.NBA_CRITERIA)
+"""The paper's NBA salary-cap matcher, as a constraint profile."""
+
+
+# --- Reading the judge's answer -----------------------------------------------------
+
+
+class ParsedVerdict(NamedTuple):
+    """A decision read from the judge's text."""
+
+    applies: bool
+    reason: str | None
+
+
+_THINKING = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.DOTALL | re.IGNORECASE)
+_JSON_OBJECT = re.compile(r"\{[^{}]*\}")
+_KEYED = re.compile(
+    r"\b(?:verdict|answer|decision|applicable|applies)\b[\"']?\s*[:=]\s*[\"']?\s*"
+    r"(yes|no|true|false)\b",
+    re.IGNORECASE,
+)
+_LEADING = re.compile(
+    r"^[\s*_`\"'>#(\[-]*(yes|no|true|false|not applicable|applicable)\b",
+    re.IGNORECASE,
+)
+_STANDALONE = re.compile(r"\b(YES|NO)\b")
+_VALUES = {
+    "yes": True,
+    "true": True,
+    "applicable": True,
+    "no": False,
+    "false": False,
+    "not applicable": False,
+}
+_DECISION_KEYS = ("verdict", "answer", "decision", "applicable", "applies")
+
+
+def _decision_from_mapping(obj: object) -> ParsedVerdict | None:
+    if not isinstance(obj, dict):
+        return None
+    reason = obj.get("reason")
+    reason = reason.strip() or None if isinstance(reason, str) else None
+    for key in _DECISION_KEYS:
+        value = obj.get(key)
+        if isinstance(value, bool):
+            return ParsedVerdict(value, reason)
+        if isinstance(value, str) and value.strip().lower() in _VALUES:
+            return ParsedVerdict(_VALUES[value.strip().lower()], reason)
+    return None
+
+
+def parse_verdict(text: str) -> ParsedVerdict | None:
+    """Read a YES/NO decision from free text; None if there is none. Never raises.
+
+    Accepts the JSON the prompt asks for, `verdict: YES` style lines, and prose that
+    starts with the decision ("Yes, the condition holds..."). Text with no clear
+    decision, or with both YES and NO and nothing else to go on, gives None.
+    """
+    cleaned = _THINKING.sub("", text).strip()
+    if not cleaned:
+        return None
+    for candidate in _JSON_OBJECT.findall(cleaned):
+        try:
+            decision = _decision_from_mapping(json.loads(candidate))
+        except ValueError:
+            continue
+        if decision is not None:
+            return decision
+    keyed = _KEYED.search(cleaned)
+    if keyed:
+        return ParsedVerdict(_VALUES[keyed.group(1).lower()], None)
+    leading = _LEADING.match(cleaned)
+    if leading:
+        rest = cleaned[leading.end() :].strip(" \t\n,.:;-*_`\"'")
+        return ParsedVerdict(_VALUES[leading.group(1).lower()], rest[:500] or None)
+    labels = set(_STANDALONE.findall(cleaned))
+    if len(labels) == 1:
+        return ParsedVerdict(labels.pop() == "YES", None)
+    return None
+
+
+def _label(token: str) -> bool | None:
+    word = token.strip().strip("\"'").upper()
+    if word in {"YES", "TRUE"}:
+        return True
+    if word in {"NO", "FALSE"}:
+        return False
+    return None
+
+
+def score_from_logprobs(message: BaseMessage) -> float | None:
+    """P(YES) / (P(YES) + P(NO)) at the verdict token, from OpenAI-style logprobs.
+
+    Reads `response_metadata["logprobs"]["content"]`: the first token that is a
+    verdict label, and its `top_logprobs` alternatives. Returns None when the model
+    returned no logprobs or no verdict token.
+    """
+    logprobs = message.response_metadata.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, Mapping) else logprobs
+    if not isinstance(content, list):
+        return None
+    for entry in content:
+        if (
+            not isinstance(entry, Mapping)
+            or _label(str(entry.get("token", ""))) is None
+        ):
+            continue
+        mass = {True: 0.0, False: 0.0}
+        for alternative in entry.get("top_logprobs") or [entry]:
+            label = _label(str(alternative.get("token", "")))
+            if label is not None:
+                mass[label] += math.exp(float(alternative.get("logprob", -math.inf)))
+        total = mass[True] + mass[False]
+        return None if total == 0 else mass[True] / total
+    return None
+
+
+# --- The judge ----------------------------------------------------------------------
+
+JudgeInput = tuple[str, Rule] | Mapping[str, Any]
+"""`(input, rule)` or `{"input": ..., "rule": ...}`."""
+
+
+def _unpack(request: JudgeInput) -> tuple[str, Rule]:
+    text: object
+    rule: object
+    if isinstance(request, tuple) and len(request) == 2:  # noqa: PLR2004
+        text, rule = request
+    elif isinstance(request, Mapping) and {"input", "rule"} <= request.keys():
+        text, rule = request["input"], request["rule"]
+    else:
+        msg = "The judge takes (input, rule) or {'input': str, 'rule': Rule}."
+        raise TypeError(msg)
+    if not isinstance(text, str) or not isinstance(rule, Rule):
+        msg = (
+            "The judge takes a str input and a langchain_tag.Rule, got "
+            f"{type(text).__name__} and {type(rule).__name__}."
+        )
+        raise TypeError(msg)
+    return text, rule
+
+
+def model_identity(llm: BaseChatModel) -> str:
+    """A string naming the model and its generation settings, for cache keys."""
+    params = dict(llm._identifying_params)  # noqa: SLF001 - the public-facing identity
+    return f"{type(llm).__module__}.{type(llm).__qualname__}:" + json.dumps(
+        params, sort_keys=True, default=str
+    )
+
+
+def _supports_structured_output(llm: BaseChatModel) -> bool:
+    cls = type(llm)
+    return (
+        cls.with_structured_output is not BaseChatModel.with_structured_output
+        or cls.bind_tools is not BaseChatModel.bind_tools
+    )
+
+
+_UNLIMITED = ConcurrencyLimiter(None)
+_MAX_THREADS = 64
+
+
+class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
+    """A Runnable that judges whether an input satisfies one rule's condition.
+
+    Works with any `BaseChatModel`: structured output where the model supports it,
+    otherwise a lenient text parser. Each call is one model call (never several rules
+    in one prompt), at temperature 0 unless told otherwise.
+
+    Example:
+        ```python
+        from langchain_openai import ChatOpenAI
+        from langchain_tag import ApplicabilityJudge, Rule
+
+        judge = ApplicabilityJudge(llm=ChatOpenAI(model="gpt-4o-mini"))
+        rule = Rule(
+            rule_id="R-1",
+            name="No wildcard imports",
+            condition="A wildcard import (from <module> import *) is used",
+            action="Replace the wildcard import with explicit imports",
+        )
+        judge.invoke(("from os import *", rule))
+        # Verdict(rule_id='R-1', applies=True, ...)
+        ```
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    llm: BaseChatModel
+    """The chat model that judges."""
+    profile: RuleSchemaProfile = CONDITION_PROFILE
+    """What the judge sees of each rule and how it answers."""
+    structured_output: Literal["auto", "always", "never"] = "auto"
+    """`auto`: structured output when the model implements it, else text parsing."""
+    temperature: float | None = 0.0
+    """Set on a copy of the model when it has a `temperature` field; None leaves it."""
+    logprobs: bool = False
+    """Ask for logprobs (models with a `logprobs` field, e.g. ChatOpenAI) and score."""
+    top_logprobs: int = 5
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    on_error: Literal["raise", "not_applicable"] = "raise"
+    """After retries: raise `JudgmentError`, or flag the verdict and treat it as NO."""
+    cache: VerdictCache | None = Field(default_factory=InMemoryVerdictCache)
+    """Where verdicts are remembered; None disables caching."""
+
+    _model: Runnable[Any, Any] = PrivateAttr()
+    _structured: bool = PrivateAttr(default=False)
+    _key_prefix: str = PrivateAttr(default="")
+
+    def model_post_init(self, context: Any, /) -> None:  # noqa: D102
+        model = self._configured_model()
+        self._key_prefix = json.dumps(
+            [
+                prompts.PROMPT_VERSION,
+                self.profile.name,
+                hashlib.sha256(self.profile.system_prompt.encode()).hexdigest(),
+                model_identity(model),
+            ]
+        )
+        self._model, self._structured = self._output_runnable(model)
+
+    def _configured_model(self) -> BaseChatModel:
+        fields = type(self.llm).model_fields
+        updates: dict[str, Any] = {}
+        if self.temperature is not None and "temperature" in fields:
+            updates["temperature"] = self.temperature
+        if self.logprobs:
+            if "logprobs" not in fields:
+                msg = (
+                    f"logprobs=True needs a model with a 'logprobs' option; "
+                    f"{type(self.llm).__name__} has none. Use logprobs=False (verdicts "
+                    "then carry no score)."
+                )
+                raise ValueError(msg)
+            updates["logprobs"] = True
+            if "top_logprobs" in fields:
+                updates["top_logprobs"] = self.top_logprobs
+        return self.llm.model_copy(update=updates) if updates else self.llm
+
+    def _output_runnable(self, model: BaseChatModel) -> tuple[Runnable[Any, Any], bool]:
+        wanted = self.structured_output == "always" or (
+            self.structured_output == "auto" and _supports_structured_output(model)
+        )
+        if wanted:
+            try:
+                schema = self.profile.output_schema
+                return model.with_structured_output(schema, include_raw=True), True
+            except NotImplementedError:
+                if self.structured_output == "always":
+                    msg = (
+                        f"{type(model).__name__} does not support structured output; "
+                        "use structured_output='auto' or 'never'."
+                    )
+                    raise ValueError(msg) from None
+        return model, False
+
+    # -- prompt -----------------------------------------------------------------------
+
+    def messages(self, text: str, rule: Rule) -> list[BaseMessage]:
+        """The exact messages that judge `rule` against `text` (no action in them)."""
+        return [
+            SystemMessage(self.profile.system_prompt),
+            HumanMessage(
+                prompts.render_judge_user_message(
+                    text,
+                    self.profile.judged_fields(rule),
+                    self.profile.output_instruction,
+                )
+            ),
+        ]
+
+    def prefix_share(self, text: str, rules: Sequence[Rule]) -> float:
+        """Share of prompt characters that all judgments of `text` have in common.
+
+        The system prompt and the input come before the rule, so this prefix is what a
+        provider's prefix cache can reuse across the M judgments of one input.
+        """
+        if not rules:
+            return 0.0
+        system = len(self.profile.system_prompt)
+        users = [str(self.messages(text, rule)[1].content) for rule in rules]
+        first = users[0]
+        common = len(first)
+        for other in users[1:]:
+            limit = min(common, len(other))
+            common = next((i for i in range(limit) if first[i] != other[i]), limit)
+        mean_total = system + sum(map(len, users)) / len(users)
+        return (system + common) / mean_total
+
+    def cache_key(self, text: str, rule: Rule) -> str:
+        """Key of a verdict: input, judged rule fields, profile, prompt and model."""
+        payload = json.dumps([self._key_prefix, text, self.profile.judged_fields(rule)])
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    # -- one judgment -----------------------------------------------------------------
+
+    def _from_output(self, rule: Rule, output: Any) -> Verdict:
+        raw: BaseMessage = output["raw"] if self._structured else output
+        parsed = output.get("parsed") if self._structured else None
+        if isinstance(parsed, YesNoOutput):
+            decision = ParsedVerdict(applies=parsed.verdict == "YES", reason=None)
+        elif isinstance(parsed, ApplicableOutput):
+            decision = ParsedVerdict(parsed.applicable, parsed.reason or None)
+        else:
+            answer = raw.text or json.dumps([c.get("args") for c in _tool_calls(raw)])
+            parsed_text = parse_verdict(answer)
+            if parsed_text is None:
+                # Deterministic at temperature 0, so not retried.
+                return self._failed(rule, f"unparseable judge output {answer[:200]!r}")
+            decision = parsed_text
+        score = score_from_logprobs(raw) if self.logprobs else None
+        return Verdict(
+            rule_id=rule.rule_id,
+            applies=decision.applies,
+            score=score,
+            reason=decision.reason,
+        )
+
+    def _failed(self, rule: Rule, error: str) -> Verdict:
+        if self.on_error == "raise":
+            raise JudgmentError(rule.rule_id, error)
+        return Verdict(rule_id=rule.rule_id, applies=False, error=error)
+
+    def _after_error(
+        self, rule: Rule, error: Exception, attempt: int
+    ) -> float | Verdict:
+        """Seconds to wait before retrying, or the final failed verdict."""
+        if self.retry.is_transient(error) and attempt < self.retry.max_attempts:
+            return self.retry.delay(attempt)
+        described = (
+            f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        )
+        return self._failed(rule, f"{described} (after {attempt} attempt(s))")
+
+    def _judge(
+        self,
+        request: JudgeInput,
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+        limiter: ConcurrencyLimiter = _UNLIMITED,
+    ) -> Verdict:
+        text, rule = _unpack(request)
+        key = self.cache_key(text, rule) if self.cache is not None else ""
+        if self.cache is not None and (hit := self.cache.lookup(key)) is not None:
+            return Verdict.model_validate_json(hit).model_copy(update={"cached": True})
+        messages = self.messages(text, rule)
+        for attempt in itertools.count(1):
+            try:
+                with limiter.hold():
+                    output = self._model.invoke(messages, config)
+            except Exception as error:  # noqa: BLE001 - every failure is reported
+                outcome = self._after_error(rule, error, attempt)
+                if isinstance(outcome, Verdict):
+                    return outcome
+                time.sleep(outcome)
+                continue
+            verdict = self._from_output(rule, output)
+            if self.cache is not None and not verdict.failed:
+                self.cache.update(key, verdict.model_dump_json())
+            return verdict
+        raise AssertionError  # pragma: no cover - the loop always returns
+
+    async def _ajudge(
+        self,
+        request: JudgeInput,
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+        limiter: ConcurrencyLimiter = _UNLIMITED,
+    ) -> Verdict:
+        text, rule = _unpack(request)
+        key = self.cache_key(text, rule) if self.cache is not None else ""
+        if (
+            self.cache is not None
+            and (hit := await self.cache.alookup(key)) is not None
+        ):
+            return Verdict.model_validate_json(hit).model_copy(update={"cached": True})
+        messages = self.messages(text, rule)
+        for attempt in itertools.count(1):
+            try:
+                async with limiter.ahold():
+                    output = await self._model.ainvoke(messages, config)
+            except Exception as error:  # noqa: BLE001 - every failure is reported
+                outcome = self._after_error(rule, error, attempt)
+                if isinstance(outcome, Verdict):
+                    return outcome
+                await asyncio.sleep(outcome)
+                continue
+            verdict = self._from_output(rule, output)
+            if self.cache is not None and not verdict.failed:
+                await self.cache.aupdate(key, verdict.model_dump_json())
+            return verdict
+        raise AssertionError  # pragma: no cover - the loop always returns
+
+    def invoke(
+        self, input: JudgeInput, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Verdict:
+        """Judge one (input, rule) pair."""
+        verdict = self._call_with_config(self._judge, input, config, **kwargs)
+        _warn_failures([verdict], 1)
+        return verdict
+
+    async def ainvoke(
+        self, input: JudgeInput, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Verdict:
+        """Judge one (input, rule) pair, asynchronously."""
+        verdict = await self._acall_with_config(self._ajudge, input, config, **kwargs)
+        _warn_failures([verdict], 1)
+        return verdict
+
+    # -- one input against many rules -------------------------------------------------
+
+    def judge_rules(
+        self,
+        text: str,
+        rules: Sequence[Rule],
+        config: RunnableConfig | None = None,
+        *,
+        limiter: ConcurrencyLimiter | None = None,
+    ) -> list[Verdict]:
+        """Judge every rule against `text` in worker threads, in rule order.
+
+        Args:
+            text: The input.
+            rules: The rules to judge, one model call each.
+            config: Callbacks, tags and metadata for the judgments' runs.
+            limiter: Caps in-flight model calls; shared limiters cap them across
+                concurrent calls. Defaults to `config["max_concurrency"]`.
+        """
+        config = ensure_config(config)
+        limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
+        if not rules:
+            return []
+        workers = min(len(rules), limiter.limit or _MAX_THREADS)
+        with ContextThreadPoolExecutor(max_workers=workers) as executor:
+            futures = [
+                executor.submit(
+                    self._call_with_config,
+                    self._judge,
+                    (text, rule),
+                    _judgment_config(config, rule),
+                    limiter=limiter,
+                )
+                for rule in rules
+            ]
+            try:
+                verdicts = [future.result() for future in futures]
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+        _warn_failures(verdicts, len(rules))
+        return verdicts
+
+    async def ajudge_rules(
+        self,
+        text: str,
+        rules: Sequence[Rule],
+        config: RunnableConfig | None = None,
+        *,
+        limiter: ConcurrencyLimiter | None = None,
+    ) -> list[Verdict]:
+        """Judge every rule against `text` concurrently, in rule order.
+
+        See `judge_rules`. Under `on_error="raise"` the first failure cancels the
+        judgments still waiting and propagates.
+        """
+        config = ensure_config(config)
+        limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
+        tasks = [
+            asyncio.ensure_future(
+                self._acall_with_config(
+                    self._ajudge,
+                    (text, rule),
+                    _judgment_config(config, rule),
+                    limiter=limiter,
+                )
+            )
+            for rule in rules
+        ]
+        try:
+            verdicts = list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        _warn_failures(verdicts, len(rules))
+        return verdicts
+
+
+def _judgment_config(config: RunnableConfig, rule: Rule) -> RunnableConfig:
+    # One child run per rule, named after it, so a trace reads like the fan-out.
+    child = cast("RunnableConfig", {**config, "run_name": f"judge:{rule.rule_id}"})
+    child.pop("run_id", None)
+    return child
+
+
+def _tool_calls(message: BaseMessage) -> list[dict[str, Any]]:
+    calls = getattr(message, "tool_calls", None)
+    return list(calls) if isinstance(calls, list) else []
+
+
+def _warn_failures(verdicts: Sequence[Verdict], total: int) -> None:
+    failed = [v.rule_id for v in verdicts if v.failed]
+    if failed:
+        shown = ", ".join(failed[:10]) + (" ..." if len(failed) > 10 else "")  # noqa: PLR2004
+        warnings.warn(
+            f"{len(failed)} of {total} judgments failed and were treated as not "
+            f"applicable (on_error='not_applicable'): {shown}. Their verdicts carry "
+            "the error.",
+            UnreliableMatchWarning,
+            stacklevel=3,
+        )

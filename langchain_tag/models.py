@@ -1,0 +1,59 @@
+"""The default chat model, configured from the environment.
+
+Any LangChain `BaseChatModel` works everywhere in langchain-tag; this is only what is
+used when none is passed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+
+MODEL_ENV_VAR = "TAG_MODEL"
+"""Environment variable naming the model to use with the default `ChatOpenAI`."""
+
+DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+
+
+class ModelNotConfiguredError(RuntimeError):
+    """No chat model was passed and the environment configures none."""
+
+
+def default_chat_model(**kwargs: Any) -> BaseChatModel:
+    """`ChatOpenAI` at temperature 0, configured from the environment.
+
+    Reads `OPENAI_API_KEY`, `OPENAI_BASE_URL` (any OpenAI-compatible server, such as
+    vLLM, llama.cpp or Ollama) and `TAG_MODEL` (default `gpt-4o-mini`).
+
+    Args:
+        **kwargs: Extra `ChatOpenAI` arguments; they override the environment.
+
+    Raises:
+        ModelNotConfiguredError: Neither `OPENAI_API_KEY` nor `OPENAI_BASE_URL` is set.
+    """
+    api_key = os.environ.get("OPENAI_API_KEY") or None
+    base_url = os.environ.get("OPENAI_BASE_URL") or None
+    if api_key is None and base_url is None and "api_key" not in kwargs:
+        msg = (
+            "No chat model is configured for langchain-tag. Do one of these:\n"
+            "  1. pass any LangChain chat model, e.g. "
+            "TAGRetriever.from_rulebook(path, llm=ChatAnthropic(...));\n"
+            "  2. set OPENAI_API_KEY to use OpenAI (and optionally "
+            f"{MODEL_ENV_VAR}, default {DEFAULT_OPENAI_MODEL});\n"
+            "  3. set OPENAI_BASE_URL to an OpenAI-compatible server (vLLM, llama.cpp, "
+            f"Ollama, ...) and {MODEL_ENV_VAR} to its model name; OPENAI_API_KEY is "
+            "then optional."
+        )
+        raise ModelNotConfiguredError(msg)
+    from langchain_openai import ChatOpenAI  # noqa: PLC0415 - only when it is the default
+
+    settings: dict[str, Any] = {
+        "model": os.environ.get(MODEL_ENV_VAR) or DEFAULT_OPENAI_MODEL,
+        "temperature": 0,
+        # Local OpenAI-compatible servers ignore the key, but the client requires one.
+        "api_key": api_key or "not-needed",
+        "base_url": base_url,
+    }
+    return ChatOpenAI(**{**settings, **kwargs})

@@ -1,0 +1,377 @@
+"""`TAGRetriever`: applicability retrieval as a drop-in LangChain retriever.
+
+Where a similarity retriever returns the passages most like the query, `TAGRetriever`
+returns the rules whose condition the query satisfies, one judgment per rule, each
+returned as a `Document` whose content is the rule's action (the executor sees only
+actions, principle P3).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+    adispatch_custom_event,
+    dispatch_custom_event,
+)
+from langchain_core.documents import Document
+from langchain_core.language_models import BaseChatModel
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableConfig
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from langchain_tag._concurrency import ConcurrencyLimiter
+from langchain_tag.matching import ApplicabilityJudge, Verdict
+from langchain_tag.models import default_chat_model
+from langchain_tag.rules import Rule, Rulebook
+
+logger = logging.getLogger(__name__)
+
+RuleFilter = Mapping[str, Any] | Callable[[Rule], bool]
+"""Field -> accepted value(s), or a predicate. List fields match on any overlap."""
+
+MATCH_EVENT = "tag_match"
+"""Name of the custom event each retrieval dispatches with its `MatchResult` summary."""
+
+_SINK = "_tag_match_sink"
+
+
+def rule_passes(rule: Rule, rule_filter: RuleFilter | None) -> bool:
+    """Whether `rule` passes a metadata filter.
+
+    A mapping filter names Rule fields (`tags`, `source_document_id`, ...) or keys of
+    `Rule.metadata`; each value is an accepted value or a list of them. For list fields
+    such as `tags`, a rule passes when any of its values is accepted.
+    """
+    if rule_filter is None:
+        return True
+    if callable(rule_filter):
+        return bool(rule_filter(rule))
+    for key, expected in rule_filter.items():
+        if key in type(rule).model_fields or key == "source_document_id":
+            value = getattr(rule, key)
+        else:
+            value = rule.metadata.get(key)
+        accepted = (
+            set(expected)
+            if isinstance(expected, list | tuple | set | frozenset)
+            else {expected}
+        )
+        values = set(value) if isinstance(value, list | tuple) else {value}
+        if not values & accepted:
+            return False
+    return True
+
+
+class MatchResult(BaseModel):
+    """Everything one retrieval decided, not only the documents it returned."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    query: str
+    documents: list[Document]
+    verdicts: list[Verdict] = Field(description="Every judged rule, in rulebook order.")
+    total_rules: int
+    candidates: int = Field(description="Rules judged after filter and prefilter.")
+    failed_rule_ids: list[str]
+    reason: str | None = Field(description="Why nothing was returned, when empty.")
+    prefix_share: float = Field(
+        description="Share of prompt characters common to all judgments of the query."
+    )
+    elapsed_seconds: float
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready digest, as dispatched in the `tag_match` event."""
+        return {
+            "query": self.query,
+            "matched_rule_ids": [d.metadata["rule_id"] for d in self.documents],
+            "total_rules": self.total_rules,
+            "candidates": self.candidates,
+            "applicable": sum(v.applies for v in self.verdicts),
+            "cached": sum(v.cached for v in self.verdicts),
+            "failed_rule_ids": self.failed_rule_ids,
+            "empty_reason": self.reason,
+            "prefix_share": round(self.prefix_share, 4),
+            "elapsed_seconds": round(self.elapsed_seconds, 4),
+        }
+
+
+class TAGRetriever(BaseRetriever):
+    """Retrieve the rules whose condition the query satisfies.
+
+    Each candidate rule gets one applicability judgment; the rules judged applicable
+    come back as `Document(id=rule_id, page_content=action, metadata={...})`, ordered
+    by relevance score (logprob-based when available, else 1.0), then rulebook order.
+
+    Setup:
+        ```bash
+        pip install langchain-tag
+        export OPENAI_API_KEY=...  # or pass any chat model as llm=
+        ```
+
+    Instantiate:
+        ```python
+        from langchain_tag import TAGRetriever
+
+        retriever = TAGRetriever.from_rulebook("pep8.rulebook.json", llm=llm, k=5)
+        ```
+
+    Invoke:
+        ```python
+        docs = retriever.invoke("from os import *")
+        docs[0].metadata["rule_id"], docs[0].page_content
+        ```
+
+    Use within a chain: anywhere a vector store's `as_retriever()` was used; the
+    documents' `page_content` is what the executor should follow.
+
+    Per call, `invoke(query, k=..., filter=..., score_threshold=...)` overrides the
+    fields of the same names. When nothing applies the result is `[]`, and the reason
+    is in the `tag_match` custom event of the run (and in `match(...).reason`).
+    """
+
+    rulebook: Rulebook
+    """The rules to retrieve from."""
+    judge: ApplicabilityJudge
+    """Judges each (query, rule) pair; built from `llm` when not given."""
+    k: int | None = Field(default=None, ge=0)
+    """Return at most this many rules; None returns every applicable rule."""
+    score_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Drop applicable rules scoring below this (a rule without a score counts 1.0)."""
+    max_concurrency: int | None = Field(default=8, ge=1)
+    """In-flight judgments at most, across concurrent calls of this retriever."""
+    filter: RuleFilter | None = None
+    """Judge only rules passing this filter (see `rule_passes`)."""
+    prefilter: BaseRetriever | None = None
+    """Shortlists candidate rules before judging; its documents name rules by
+    `metadata["rule_id"]` or `id`. None judges every rule, as in the paper."""
+
+    _limiter: ConcurrencyLimiter = PrivateAttr()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _judge_from_llm(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("judge") is None:
+            data = dict(data)
+            data.pop("judge", None)
+            llm = data.pop("llm", None)
+            data["judge"] = ApplicabilityJudge(llm=llm or default_chat_model())
+        elif isinstance(data, dict) and data.get("llm") is not None:
+            msg = "Pass either llm= or judge=, not both (the judge has its own llm)."
+            raise ValueError(msg)
+        return data
+
+    def model_post_init(self, context: Any, /) -> None:  # noqa: D102
+        self._limiter = ConcurrencyLimiter(self.max_concurrency)
+
+    @classmethod
+    def from_rulebook(
+        cls,
+        rulebook: Rulebook | str | os.PathLike[str],
+        llm: BaseChatModel | None = None,
+        **kwargs: Any,
+    ) -> TAGRetriever:
+        """Build a retriever over a rulebook object or file.
+
+        Args:
+            rulebook: A `Rulebook`, or the path of a rulebook JSON file.
+            llm: The judging chat model; default from the environment (see
+                `default_chat_model`). Ignored if `judge=` is passed.
+            **kwargs: Other fields (`k`, `score_threshold`, `max_concurrency`,
+                `filter`, `prefilter`, `judge`, ...).
+        """
+        if not isinstance(rulebook, Rulebook):
+            rulebook = Rulebook.load(rulebook)
+        if kwargs.get("judge") is None:
+            kwargs["llm"] = llm
+        return cls(rulebook=rulebook, **kwargs)
+
+    # -- public API beyond BaseRetriever ----------------------------------------------
+
+    def match(
+        self, query: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> MatchResult:
+        """Retrieve, returning every verdict and the empty-result reason as well."""
+        sink: list[MatchResult] = []
+        self.invoke(query, config, **kwargs, **{_SINK: sink})
+        return sink[0]
+
+    async def amatch(
+        self, query: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> MatchResult:
+        """Async `match`."""
+        sink: list[MatchResult] = []
+        await self.ainvoke(query, config, **kwargs, **{_SINK: sink})
+        return sink[0]
+
+    # -- BaseRetriever ----------------------------------------------------------------
+
+    def _get_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: CallbackManagerForRetrieverRun,
+        **kwargs: Any,
+    ) -> list[Document]:
+        started = time.perf_counter()
+        child: RunnableConfig = {"callbacks": run_manager.get_child()}
+        rule_filter = kwargs.get("filter", self.filter)
+        candidates = self._filtered(rule_filter)
+        if self.prefilter is not None and candidates:
+            shortlist = self.prefilter.invoke(query, child)
+            candidates = self._shortlisted(candidates, shortlist)
+        verdicts = self.judge.judge_rules(
+            query, candidates, child, limiter=self._limiter
+        )
+        result = self._result(query, candidates, verdicts, kwargs, started, rule_filter)
+        dispatch_custom_event(MATCH_EVENT, result.summary(), config=child)
+        return self._deliver(result, kwargs)
+
+    async def _aget_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: AsyncCallbackManagerForRetrieverRun,
+        **kwargs: Any,
+    ) -> list[Document]:
+        started = time.perf_counter()
+        child: RunnableConfig = {"callbacks": run_manager.get_child()}
+        rule_filter = kwargs.get("filter", self.filter)
+        candidates = self._filtered(rule_filter)
+        if self.prefilter is not None and candidates:
+            shortlist = await self.prefilter.ainvoke(query, child)
+            candidates = self._shortlisted(candidates, shortlist)
+        verdicts = await self.judge.ajudge_rules(
+            query, candidates, child, limiter=self._limiter
+        )
+        result = self._result(query, candidates, verdicts, kwargs, started, rule_filter)
+        await adispatch_custom_event(MATCH_EVENT, result.summary(), config=child)
+        return self._deliver(result, kwargs)
+
+    # -- the steps around the judgments -----------------------------------------------
+
+    def _filtered(self, rule_filter: RuleFilter | None) -> list[Rule]:
+        return [rule for rule in self.rulebook.rules if rule_passes(rule, rule_filter)]
+
+    def _shortlisted(
+        self, candidates: list[Rule], shortlist: Sequence[Document]
+    ) -> list[Rule]:
+        wanted = {doc.metadata.get("rule_id") or doc.id for doc in shortlist}
+        known = {rule.rule_id for rule in candidates}
+        unknown = wanted - known - {None}
+        if unknown:
+            logger.warning(
+                "The prefilter returned %d rule id(s) not among the candidate rules "
+                "(rulebook and store out of sync, or filtered out): %s",
+                len(unknown),
+                sorted(map(str, unknown))[:10],
+            )
+        return [rule for rule in candidates if rule.rule_id in wanted]
+
+    def _result(
+        self,
+        query: str,
+        candidates: list[Rule],
+        verdicts: list[Verdict],
+        kwargs: Mapping[str, Any],
+        started: float,
+        rule_filter: RuleFilter | None,
+    ) -> MatchResult:
+        k = kwargs.get("k", self.k)
+        threshold = kwargs.get("score_threshold", self.score_threshold)
+        rules = {rule.rule_id: rule for rule in candidates}
+        applicable = [v for v in verdicts if v.applies]
+        kept = [
+            v for v in applicable if threshold is None or _relevance(v) >= threshold
+        ]
+        kept.sort(key=lambda v: (-_relevance(v), self.rulebook.position(v.rule_id)))
+        if k is not None:
+            kept = kept[:k]
+        documents = [_to_document(rules[v.rule_id], v) for v in kept]
+        failed = [v.rule_id for v in verdicts if v.failed]
+        reason = None
+        if not documents:
+            reason = _empty_reason(
+                total=len(self.rulebook),
+                candidates=len(candidates),
+                applicable=len(applicable),
+                k=k,
+                threshold=threshold,
+                rule_filter=rule_filter,
+                prefiltered=self.prefilter is not None,
+            )
+            if failed:
+                reason += (
+                    f" ({len(failed)} judgment(s) failed and were treated as not "
+                    "applicable)"
+                )
+            logger.info("TAG retrieval returned nothing for %r: %s", query[:80], reason)
+        return MatchResult(
+            query=query,
+            documents=documents,
+            verdicts=verdicts,
+            total_rules=len(self.rulebook),
+            candidates=len(candidates),
+            failed_rule_ids=failed,
+            reason=reason,
+            prefix_share=self.judge.prefix_share(query, candidates),
+            elapsed_seconds=time.perf_counter() - started,
+        )
+
+    @staticmethod
+    def _deliver(result: MatchResult, kwargs: Mapping[str, Any]) -> list[Document]:
+        sink = kwargs.get(_SINK)
+        if sink is not None:
+            sink.append(result)
+        return result.documents
+
+
+def _relevance(verdict: Verdict) -> float:
+    return 1.0 if verdict.score is None else verdict.score
+
+
+def _to_document(rule: Rule, verdict: Verdict) -> Document:
+    metadata: dict[str, Any] = {
+        "rule_id": rule.rule_id,
+        "name": rule.name,
+        "condition": rule.condition,
+        "source_text": rule.source_text,
+        "tags": list(rule.tags),
+        "source_document_id": rule.source_document_id,
+        "source_start": None if rule.source is None else rule.source.start,
+        "source_end": None if rule.source is None else rule.source.end,
+        "relevance_score": _relevance(verdict),
+        "score": verdict.score,
+        "reason": verdict.reason,
+        "cached": verdict.cached,
+    }
+    return Document(id=rule.rule_id, page_content=rule.action, metadata=metadata)
+
+
+def _empty_reason(
+    *,
+    total: int,
+    candidates: int,
+    applicable: int,
+    k: int | None,
+    threshold: float | None,
+    rule_filter: RuleFilter | None,
+    prefiltered: bool,
+) -> str:
+    if total == 0:
+        return "the rulebook has no rules"
+    if candidates == 0 and rule_filter is not None and not prefiltered:
+        return f"the filter {rule_filter!r} excluded all {total} rules"
+    if candidates == 0:
+        return "no rule passed the filter and the prefilter"
+    if applicable == 0:
+        return f"no rule's condition is satisfied by the input ({candidates} judged)"
+    if k == 0:
+        return "k=0"
+    return f"{applicable} rule(s) applied but none reached score_threshold={threshold}"

@@ -1,0 +1,425 @@
+"""The rulebook: atomic condition-action rules and the file that holds them.
+
+A `Rule` is the unit TAG retrieves (principle P1 of the method). A `Rulebook` is the
+set of rules extracted from one or more source documents, with the documents' content
+hashes and the extraction diagnostics, saved as one JSON file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+FORMAT_VERSION = 1
+"""Version of the rulebook file format this release writes and reads."""
+
+Relationship = Literal["duplicate", "subsumption", "overlap", "conflict"]
+PreferredAction = Literal["merge", "keep_both", "manual_review"]
+NormativeType = Literal[
+    "requirement",
+    "prohibition",
+    "recommendation",
+    "permission",
+    "exception",
+    "conditional",
+]
+
+PROFILE_FIELDS = ("applies_when", "constraint", "violation_check", "does_not_apply_to")
+"""Optional rule fields used by domain rule-schema profiles (e.g. the NBA matcher)."""
+
+
+class RulebookError(ValueError):
+    """A rulebook file is missing, unreadable or invalid.
+
+    The message names the file, the offending field when there is one, and what to
+    do about it.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str] | None, problem: str, fix: str
+    ) -> None:
+        """Build the error from where, what and how to fix it.
+
+        Args:
+            path: The rulebook file, or None for an in-memory rulebook.
+            problem: What is wrong, naming the field when there is one.
+            fix: What the user should do about it.
+        """
+        self.path = None if path is None else Path(path)
+        self.problem = problem
+        self.fix = fix
+        where = f"Rulebook {str(self.path)!r}" if self.path else "Rulebook"
+        super().__init__(f"{where}: {problem} {fix}")
+
+
+class SourceSpan(BaseModel):
+    """Where a rule's source text sits in its source document (character offsets)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    document_id: str = Field(min_length=1)
+    start: int = Field(ge=0)
+    end: int = Field(ge=0, description="Exclusive end offset.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SourceSpan:
+        if self.end < self.start:
+            msg = f"end ({self.end}) is before start ({self.start})"
+            raise ValueError(msg)
+        return self
+
+
+class RuleLineage(BaseModel):
+    """Extraction lineage: normative span -> atomic unit -> rule."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    span_ids: tuple[str, ...] = ()
+    atomic_ids: tuple[str, ...] = ()
+    normative_type: NormativeType | None = None
+    merged_rule_ids: tuple[str, ...] = Field(
+        default=(), description="Rules merged into this one as duplicates (phase 4)."
+    )
+
+
+class RuleRelation(BaseModel):
+    """A phase-4 relation from this rule to another rule of the rulebook."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    relationship: Relationship
+    other_rule_id: str = Field(min_length=1)
+    preferred_action: PreferredAction | None = None
+    explanation: str | None = None
+
+
+class Rule(BaseModel):
+    """One atomic, operational rule: when `condition` holds, do `action`.
+
+    The judge decides applicability from `name`, `condition` and `tags` (plus the
+    profile fields when a rule-schema profile uses them); it never sees `action`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rule_id: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="Distinctive name, 3-8 words.")
+    condition: str = Field(
+        min_length=1, description="Observable condition, judgeable from the input."
+    )
+    action: str = Field(min_length=1, description="Concrete operation to perform.")
+    source_text: str = Field(default="", description="Verbatim span of the source.")
+    tags: tuple[str, ...] = Field(default=(), description="1-3 category tags.")
+    source: SourceSpan | None = None
+    lineage: RuleLineage = Field(default_factory=RuleLineage)
+    relations: tuple[RuleRelation, ...] = ()
+    applies_when: str | None = None
+    constraint: str | None = None
+    violation_check: str | None = None
+    does_not_apply_to: str | None = None
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="Free-form user metadata, usable in filters."
+    )
+
+    @field_validator("rule_id", "name", "condition", "action")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            msg = "must not be blank"
+            raise ValueError(msg)
+        return value
+
+    @property
+    def source_document_id(self) -> str | None:
+        """The id of the document the rule was extracted from, if known."""
+        return None if self.source is None else self.source.document_id
+
+    def content_hash(self) -> str:
+        """A stable hash of every field, for change detection and idempotent sync."""
+        payload = self.model_dump_json(exclude_defaults=False)
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+class SourceDocument(BaseModel):
+    """A document rules were extracted from, identified by its content hash."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    document_id: str = Field(min_length=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    n_chars: int = Field(ge=0)
+    source: str | None = Field(default=None, description="Path or URL, if known.")
+
+    @classmethod
+    def from_text(
+        cls, document_id: str, text: str, source: str | None = None
+    ) -> SourceDocument:
+        """Describe a document by hashing its text."""
+        return cls(
+            document_id=document_id,
+            sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            n_chars=len(text),
+            source=source,
+        )
+
+
+class Rulebook(BaseModel):
+    """An ordered set of rules with their provenance, saved as one JSON file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: int = FORMAT_VERSION
+    domain: str | None = None
+    rules: list[Rule] = Field(default_factory=list)
+    documents: list[SourceDocument] = Field(default_factory=list)
+    diagnostics: dict[str, Any] = Field(
+        default_factory=dict, description="Extraction report (per-phase counts, ...)."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Rulebook:
+        if self.format_version > FORMAT_VERSION:
+            msg = (
+                f"format_version {self.format_version} is newer than this release "
+                f"reads ({FORMAT_VERSION})"
+            )
+            raise ValueError(msg)
+        seen: set[str] = set()
+        for rule in self.rules:
+            if rule.rule_id in seen:
+                msg = f"rule_id {rule.rule_id!r} is used by more than one rule"
+                raise ValueError(msg)
+            seen.add(rule.rule_id)
+        for rule in self.rules:
+            for relation in rule.relations:
+                if relation.other_rule_id not in seen:
+                    msg = (
+                        f"rule {rule.rule_id!r} has a {relation.relationship} relation "
+                        f"to {relation.other_rule_id!r}, which is not in the rulebook"
+                    )
+                    raise ValueError(msg)
+        return self
+
+    _positions: dict[str, int] = PrivateAttr(default_factory=dict)
+
+    def __len__(self) -> int:
+        """Number of rules."""
+        return len(self.rules)
+
+    def _position_of(self, rule_id: str) -> int | None:
+        # `rules` is a plain list users may edit, so a stale index is rebuilt.
+        position = self._positions.get(rule_id)
+        if (
+            position is None
+            or position >= len(self.rules)
+            or (self.rules[position].rule_id != rule_id)
+        ):
+            self._positions = {rule.rule_id: i for i, rule in enumerate(self.rules)}
+            position = self._positions.get(rule_id)
+        return position
+
+    def get(self, rule_id: str) -> Rule | None:
+        """The rule with this id, or None."""
+        position = self._position_of(rule_id)
+        return None if position is None else self.rules[position]
+
+    def position(self, rule_id: str) -> int:
+        """The rule's position in the rulebook (its stable order).
+
+        Raises:
+            KeyError: No rule has this id.
+        """
+        position = self._position_of(rule_id)
+        if position is None:
+            raise KeyError(rule_id)
+        return position
+
+    @classmethod
+    def from_rules(
+        cls, rules: Iterable[Rule | Mapping[str, Any]], **kwargs: Any
+    ) -> Rulebook:
+        """Build a rulebook from rules or plain dicts, validating everything."""
+        return cls(
+            rules=[r if isinstance(r, Rule) else Rule(**r) for r in rules], **kwargs
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the rulebook atomically: a crash leaves the previous file intact.
+
+        The JSON goes to a temporary file in the same directory, is flushed to disk,
+        then renamed over `path` in one step.
+
+        Returns:
+            The path written.
+        """
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = self.model_dump_json(indent=2).encode("utf-8") + b"\n"
+        _atomic_write_bytes(target, data)
+        return target
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Rulebook:
+        """Read a rulebook file; errors say which file, which field, what to do.
+
+        Raises:
+            RulebookError: The file is missing, unreadable, truncated, not a rulebook,
+                from a newer release, or has an invalid field.
+        """
+        source = Path(path)
+        try:
+            raw = source.read_bytes()
+        except FileNotFoundError:
+            raise RulebookError(
+                source,
+                "file not found.",
+                "Check the path, or create a rulebook by extracting rules from your "
+                "documents (`tag extract FILES -o rulebook.json`).",
+            ) from None
+        except IsADirectoryError:
+            raise RulebookError(
+                source, "is a directory, not a file.", "Pass the rulebook JSON file."
+            ) from None
+        except OSError as exc:
+            raise RulebookError(
+                source, f"cannot be read ({exc.strerror}).", "Check its permissions."
+            ) from exc
+        return cls.from_json(raw, path=source)
+
+    @classmethod
+    def from_json(
+        cls, raw: bytes | str, *, path: str | os.PathLike[str] | None = None
+    ) -> Rulebook:
+        """Parse rulebook JSON; `path` is only used to name the file in errors.
+
+        Raises:
+            RulebookError: See `load`.
+        """
+        try:
+            text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError as exc:
+            raise RulebookError(
+                path,
+                f"is not UTF-8 text (bad byte at offset {exc.start}).",
+                "A rulebook is UTF-8 JSON; re-save it as UTF-8 or re-run extraction.",
+            ) from None
+        if not text.strip():
+            raise RulebookError(
+                path,
+                "is empty.",
+                "It was probably cut off while being written; restore a backup or "
+                "re-run extraction.",
+            )
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            truncated = exc.pos >= len(text.rstrip())
+            problem = (
+                f"is not valid JSON: {exc.msg} at line {exc.lineno}, column "
+                f"{exc.colno}"
+                + (" (the file ends early: truncated?)." if truncated else ".")
+            )
+            raise RulebookError(
+                path,
+                problem,
+                "Fix the JSON by hand at that position, restore a backup, or re-run "
+                "extraction.",
+            ) from None
+        if not isinstance(data, dict) or "rules" not in data:
+            raise RulebookError(
+                path,
+                "is JSON but not a rulebook (expected an object with 'format_version' "
+                "and 'rules').",
+                "Pass a file written by Rulebook.save or `tag extract`.",
+            )
+        version = data.get("format_version")
+        if isinstance(version, int) and version > FORMAT_VERSION:
+            raise RulebookError(
+                path,
+                f"has format_version {version}, written by a newer langchain-tag; "
+                f"this release reads format_version {FORMAT_VERSION} and older.",
+                "Upgrade langchain-tag (pip install -U langchain-tag).",
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise RulebookError(
+                path, _describe_validation_error(exc, data), _FIX_FIELDS
+            ) from None
+
+
+_MAX_REPORTED = 5
+_FIX_FIELDS = (
+    "Correct the named field (see the Rule model in langchain_tag.rules for the "
+    "allowed fields), or re-run extraction."
+)
+
+
+def _describe_validation_error(exc: ValidationError, data: Mapping[str, Any]) -> str:
+    """Name each bad field by path, with the rule id where the path is in a rule."""
+    problems = []
+    for error in exc.errors():
+        location = error["loc"]
+        parts: list[str] = []
+        for item in location:
+            if isinstance(item, int):
+                parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
+            else:
+                parts.append(str(item))
+        where = ".".join(parts) or "(top level)"
+        rule_hint = ""
+        position = location[1] if location[:1] == ("rules",) else None
+        if isinstance(position, int):
+            rules = data.get("rules")
+            if isinstance(rules, list) and position < len(rules):
+                rule = rules[position]
+                if isinstance(rule, dict) and isinstance(rule.get("rule_id"), str):
+                    rule_hint = f" (rule_id {rule['rule_id']!r})"
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown field (a typo, or written by another tool?)"
+        problems.append(f"field {where}{rule_hint}: {message}")
+    shown = problems[:_MAX_REPORTED]
+    hidden = len(problems) - len(shown)
+    more = f" (and {hidden} more)" if hidden else ""
+    return "invalid " + "; ".join(shown) + more + "."
+
+
+def _atomic_write_bytes(target: Path, data: bytes) -> None:
+    """Write `data` to `target` via a same-directory temp file and an atomic rename."""
+    fd, tmp_name = tempfile.mkstemp(
+        prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+    )
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        Path(tmp_name).replace(target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            Path(tmp_name).unlink()
+        raise
+    # Persist the rename itself; not every platform lets a directory be opened.
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
