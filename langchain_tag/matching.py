@@ -18,6 +18,7 @@ import json
 import math
 import random
 import re
+import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -25,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, cast
 
 import httpx
-import openai
 from langchain_core.callbacks import (
     AsyncCallbackManagerForChainRun,
     CallbackManagerForChainRun,
@@ -101,12 +101,17 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     httpx.TimeoutException,
     httpx.NetworkError,
-    openai.RateLimitError,
-    openai.APITimeoutError,
-    openai.APIConnectionError,
-    openai.InternalServerError,
 )
-"""Errors retried by default; any error carrying a 408/429/5xx `status_code` is too."""
+"""Errors retried by default. Also retried: any error carrying a 408/429/5xx
+`status_code` (rate limits and overloads of most providers' SDKs) and the OpenAI SDK's
+connection and timeout errors."""
+
+
+def _is_openai_connection_error(error: BaseException) -> bool:
+    # Looked up only if the SDK is loaded: importing it costs ~0.8 s, and an error
+    # from it implies it is.
+    openai = sys.modules.get("openai")
+    return openai is not None and isinstance(error, openai.APIConnectionError)
 
 
 @dataclass(frozen=True)
@@ -122,7 +127,7 @@ class RetryPolicy:
 
     def is_transient(self, error: BaseException) -> bool:
         """Whether `error` is worth retrying."""
-        if isinstance(error, self.retry_on):
+        if isinstance(error, self.retry_on) or _is_openai_connection_error(error):
             return True
         return getattr(error, "status_code", None) in _TRANSIENT_STATUS
 

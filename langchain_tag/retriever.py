@@ -102,6 +102,10 @@ class MatchResult(BaseModel):
         }
 
 
+def _judge_from_llm(data: dict[str, Any]) -> ApplicabilityJudge:
+    return ApplicabilityJudge(llm=data.get("llm") or default_chat_model())
+
+
 class TAGRetriever(BaseRetriever):
     """Retrieve the rules whose condition the query satisfies.
 
@@ -138,7 +142,10 @@ class TAGRetriever(BaseRetriever):
 
     rulebook: Rulebook
     """The rules to retrieve from."""
-    judge: ApplicabilityJudge
+    llm: BaseChatModel | None = Field(default=None, exclude=True)
+    """The judging chat model, when no `judge` is given (default: from the
+    environment, see `default_chat_model`)."""
+    judge: ApplicabilityJudge = Field(default_factory=_judge_from_llm)
     """Judges each (query, rule) pair; built from `llm` when not given."""
     k: int | None = Field(default=None, ge=0)
     """Return at most this many rules; None returns every applicable rule."""
@@ -156,13 +163,8 @@ class TAGRetriever(BaseRetriever):
 
     @model_validator(mode="before")
     @classmethod
-    def _judge_from_llm(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("judge") is None:
-            data = dict(data)
-            data.pop("judge", None)
-            llm = data.pop("llm", None)
-            data["judge"] = ApplicabilityJudge(llm=llm or default_chat_model())
-        elif isinstance(data, dict) and data.get("llm") is not None:
+    def _llm_or_judge(cls, data: Any) -> Any:
+        if isinstance(data, dict) and None not in (data.get("llm"), data.get("judge")):
             msg = "Pass either llm= or judge=, not both (the judge has its own llm)."
             raise ValueError(msg)
         return data

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -152,7 +152,7 @@ class Rule(BaseModel):
 
     def content_hash(self) -> str:
         """A stable hash of every field, for change detection and idempotent sync."""
-        payload = self.model_dump_json(exclude_defaults=False)
+        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
@@ -200,23 +200,18 @@ class Rulebook(BaseModel):
                 f"reads ({FORMAT_VERSION})"
             )
             raise ValueError(msg)
-        seen: set[str] = set()
-        for rule in self.rules:
-            if rule.rule_id in seen:
-                msg = f"rule_id {rule.rule_id!r} is used by more than one rule"
-                raise ValueError(msg)
-            seen.add(rule.rule_id)
-        for rule in self.rules:
-            for relation in rule.relations:
-                if relation.other_rule_id not in seen:
-                    msg = (
-                        f"rule {rule.rule_id!r} has a {relation.relationship} relation "
-                        f"to {relation.other_rule_id!r}, which is not in the rulebook"
-                    )
-                    raise ValueError(msg)
+        _check_consistency(self.rules)
         return self
 
     _positions: dict[str, int] = PrivateAttr(default_factory=dict)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when every field is; the private lookup index does not count."""
+        if not isinstance(other, Rulebook):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like any pydantic model
 
     def __len__(self) -> int:
         """Number of rules."""
@@ -267,7 +262,12 @@ class Rulebook(BaseModel):
 
         Returns:
             The path written.
+
+        Raises:
+            ValueError: The rules were edited into an inconsistent state (duplicate
+                ids, relations to missing rules); nothing is written.
         """
+        _check_consistency(self.rules)
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         data = self.model_dump_json(indent=2).encode("utf-8") + b"\n"
@@ -329,11 +329,12 @@ class Rulebook(BaseModel):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            truncated = exc.pos >= len(text.rstrip())
+            # A rulebook is one JSON object; one not closed at the end was cut off.
+            truncated = not text.rstrip().endswith("}")
             problem = (
-                f"is not valid JSON: {exc.msg} at line {exc.lineno}, column "
-                f"{exc.colno}"
-                + (" (the file ends early: truncated?)." if truncated else ".")
+                f"is not valid JSON: {exc.msg} (line {exc.lineno}, column "
+                f"{exc.colno})"
+                + ("; the file ends early: truncated?" if truncated else ".")
             )
             raise RulebookError(
                 path,
@@ -394,19 +395,57 @@ def _describe_validation_error(exc: ValidationError, data: Mapping[str, Any]) ->
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             message = "unknown field (a typo, or written by another tool?)"
-        problems.append(f"field {where}{rule_hint}: {message}")
+        if location:
+            problems.append(f"field {where}{rule_hint}: {message}")
+        else:  # rulebook-level checks name their fields in the message
+            problems.append(message.removeprefix("Value error, "))
     shown = problems[:_MAX_REPORTED]
     hidden = len(problems) - len(shown)
     more = f" (and {hidden} more)" if hidden else ""
     return "invalid " + "; ".join(shown) + more + "."
 
 
+def _check_consistency(rules: Sequence[Rule]) -> None:
+    """Rule ids are unique and every relation points at a rule of the rulebook."""
+    first_at: dict[str, int] = {}
+    for i, rule in enumerate(rules):
+        if rule.rule_id in first_at:
+            msg = (
+                f"rules[{i}].rule_id: {rule.rule_id!r} is used by more than one rule "
+                f"(first at rules[{first_at[rule.rule_id]}])"
+            )
+            raise ValueError(msg)
+        first_at[rule.rule_id] = i
+    for i, rule in enumerate(rules):
+        for j, relation in enumerate(rule.relations):
+            if relation.other_rule_id not in first_at:
+                msg = (
+                    f"rules[{i}].relations[{j}].other_rule_id: rule {rule.rule_id!r} "
+                    f"has a {relation.relationship} relation to "
+                    f"{relation.other_rule_id!r}, which is not in the rulebook"
+                )
+                raise ValueError(msg)
+
+
+def _new_file_mode(target: Path) -> int:
+    """The mode a rewrite of `target` should have: its own, or what umask allows."""
+    try:
+        return target.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)  # reading the umask means setting it; restore at once
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def _atomic_write_bytes(target: Path, data: bytes) -> None:
     """Write `data` to `target` via a same-directory temp file and an atomic rename."""
+    mode = _new_file_mode(target)
     fd, tmp_name = tempfile.mkstemp(
         prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
     )
     try:
+        # mkstemp creates the file 0600; give it the mode the target should keep.
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

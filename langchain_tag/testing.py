@@ -3,7 +3,7 @@
 `RuleAwareFakeChatModel` plays the applicability judge from the prompt text alone: it
 reads the input and the rule out of the judge's message and answers YES exactly when
 a backtick-quoted fragment of the rule's condition occurs in the input. It is safe
-under concurrency, can add latency, can attach logprobs, counts its in-flight calls,
+under concurrency, can add latency, can return logprobs, counts its in-flight calls,
 and can inject faults per rule. None of this is a language model; it exists so that
 tests and benchmarks exercise the real code paths with known right answers.
 """
@@ -67,16 +67,20 @@ class RuleAwareFakeChatModel(BaseChatModel):
 
     Judge prompts get a verdict in the requested format (`{"verdict": ...}` or
     `{"applicable": ..., "reason": ...}`), or prose when `style="prose"`. Any other
-    prompt gets `answer_prefix` followed by the prompt's last line, so the model also
-    stands in as an executor in chains.
+    prompt is echoed back after `answer_prefix`, so the model also stands in as an
+    executor in chains and shows what it was given.
     """
 
     style: Literal["json", "prose"] = "json"
     latency: float = 0.0
     """Seconds each call takes (sleeps; async calls do not block the loop)."""
-    with_logprobs: bool = False
-    """Attach OpenAI-style logprobs: P(answer) = `confidence` at the verdict token."""
+    logprobs: bool = False
+    """Attach OpenAI-style logprobs (P(answer) = `confidence` at the verdict token),
+    like ChatOpenAI's option of the same name."""
+    top_logprobs: int | None = None
     confidence: float = 0.9
+    confidence_by_rule: Mapping[str, float] = Field(default_factory=dict)
+    """Per rule id, a confidence other than `confidence`."""
     faults: Mapping[str, Sequence[Fault]] = Field(default_factory=dict)
     """Per rule id: what its 1st, 2nd, ... call does instead of answering normally."""
     answer_prefix: str = "ANSWER:"
@@ -144,8 +148,7 @@ class RuleAwareFakeChatModel(BaseChatModel):
             return ChatResult(generations=[ChatGeneration(message=AIMessage(fault))])
         parsed = judge_fields(prompt)
         if parsed is None:
-            last_line = prompt.strip().splitlines()[-1] if prompt.strip() else ""
-            message = AIMessage(f"{self.answer_prefix} {last_line}")
+            message = AIMessage(f"{self.answer_prefix} {prompt}")
             return ChatResult(generations=[ChatGeneration(message=message)])
         text, fields = parsed
         holds = condition_holds(text, fields)
@@ -164,23 +167,15 @@ class RuleAwareFakeChatModel(BaseChatModel):
             token = "YES" if holds else "NO"
             content = f'{{"verdict": "{token}"}}'
         metadata: dict[str, Any] = {}
-        if self.with_logprobs:
-            metadata["logprobs"] = {"content": self._logprobs(token, holds=holds)}
+        if self.logprobs:
+            confidence = self.confidence_by_rule.get(
+                fields.get("rule_id", ""), self.confidence
+            )
+            metadata["logprobs"] = {
+                "content": _logprobs(token, holds=holds, confidence=confidence)
+            }
         message = AIMessage(content, response_metadata=metadata)
         return ChatResult(generations=[ChatGeneration(message=message)])
-
-    def _logprobs(self, token: str, *, holds: bool) -> list[dict[str, Any]]:
-        other = {"YES": "NO", "NO": "YES", "Yes": "No", "No": "Yes"}.get(
-            token, str(not holds).lower()
-        )
-        top = [
-            {"token": token, "logprob": math.log(self.confidence)},
-            {"token": other, "logprob": math.log(1 - self.confidence)},
-        ]
-        return [
-            {"token": '{"', "logprob": 0.0, "top_logprobs": []},
-            {"token": token, "logprob": top[0]["logprob"], "top_logprobs": top},
-        ]
 
     def _generate(
         self,
@@ -211,3 +206,18 @@ class RuleAwareFakeChatModel(BaseChatModel):
             return self._respond(prompt, fault)
         finally:
             self._leave()
+
+
+def _logprobs(token: str, *, holds: bool, confidence: float) -> list[dict[str, Any]]:
+    """OpenAI-style logprobs giving the answer `token` probability `confidence`."""
+    other = {"YES": "NO", "NO": "YES", "Yes": "No", "No": "Yes"}.get(
+        token, str(not holds).lower()
+    )
+    top = [
+        {"token": token, "logprob": math.log(confidence)},
+        {"token": other, "logprob": math.log(1 - confidence)},
+    ]
+    return [
+        {"token": '{"', "logprob": 0.0, "top_logprobs": []},
+        {"token": token, "logprob": top[0]["logprob"], "top_logprobs": top},
+    ]

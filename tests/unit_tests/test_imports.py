@@ -1,0 +1,36 @@
+"""The public API is small and deliberate."""
+
+import langchain_tag
+
+EXPECTED_ALL = [
+    "CONDITION_PROFILE",
+    "NBA_PROFILE",
+    "ApplicabilityJudge",
+    "InMemoryVerdictCache",
+    "JudgmentError",
+    "MatchResult",
+    "ModelNotConfiguredError",
+    "RetryPolicy",
+    "Rule",
+    "RuleLineage",
+    "RuleRelation",
+    "RuleSchemaProfile",
+    "Rulebook",
+    "RulebookError",
+    "SQLiteVerdictCache",
+    "SourceDocument",
+    "SourceSpan",
+    "TAGRetriever",
+    "UnreliableMatchWarning",
+    "Verdict",
+    "VerdictCache",
+    "__version__",
+    "constraint_profile",
+    "default_chat_model",
+]
+
+
+def test_all_imports() -> None:
+    assert sorted(langchain_tag.__all__) == sorted(EXPECTED_ALL)
+    for name in langchain_tag.__all__:
+        assert getattr(langchain_tag, name) is not None
