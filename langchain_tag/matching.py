@@ -12,6 +12,7 @@ raises `JudgmentError` or, under `on_error="not_applicable"`, returns a verdict 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import json
@@ -393,7 +394,6 @@ def _supports_structured_output(llm: BaseChatModel) -> bool:
     )
 
 
-_UNLIMITED = ConcurrencyLimiter(None)
 _MAX_THREADS = 64
 
 
@@ -510,23 +510,27 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
         """Share of prompt characters that all judgments of `text` have in common.
 
         The system prompt and the input come before the rule, so this prefix is what a
-        provider's prefix cache can reuse across the M judgments of one input.
+        provider's prefix cache can reuse across the M judgments of one input. It is
+        counted up to the start of the rule block, a lower bound.
         """
         if not rules:
             return 0.0
+        empty = prompts.render_judge_user_message(
+            text, [], self.profile.output_instruction
+        )
+        fields = sum(
+            len(prompts.render_rule_fields(self.profile.judged_fields(rule)))
+            for rule in rules
+        )
         system = len(self.profile.system_prompt)
-        users = [str(self.messages(text, rule)[1].content) for rule in rules]
-        first = users[0]
-        common = len(first)
-        for other in users[1:]:
-            limit = min(common, len(other))
-            common = next((i for i in range(limit) if first[i] != other[i]), limit)
-        mean_total = system + sum(map(len, users)) / len(users)
-        return (system + common) / mean_total
+        shared = system + empty.index(prompts.RULE_OPEN)
+        return shared / (system + len(empty) + fields / len(rules))
 
     def cache_key(self, text: str, rule: Rule) -> str:
         """Key of a verdict: input, judged rule fields, profile, prompt and model."""
-        payload = json.dumps([self._key_prefix, text, self.profile.judged_fields(rule)])
+        payload = json.dumps(
+            [self._key_prefix, _digest(text), self.profile.judged_fields(rule)]
+        )
         return hashlib.sha256(payload.encode()).hexdigest()
 
     # -- one judgment -----------------------------------------------------------------
@@ -569,12 +573,14 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
         )
         return self._failed(rule, f"{described} (after {attempt} attempt(s))")
 
+    # The judgment bodies take (input, run_manager, config) so that `invoke` can run
+    # them inside a run of the judge's own; the fan-outs call them directly and let
+    # each model call be the rule's run, which costs a layer of callbacks less.
     def _judge(
         self,
         request: JudgeInput,
-        run_manager: CallbackManagerForChainRun,
+        run_manager: CallbackManagerForChainRun | None,
         config: RunnableConfig,
-        limiter: ConcurrencyLimiter = _UNLIMITED,
     ) -> Verdict:
         text, rule = _unpack(request)
         key = self.cache_key(text, rule) if self.cache is not None else ""
@@ -583,8 +589,7 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
         messages = self.messages(text, rule)
         for attempt in itertools.count(1):
             try:
-                with limiter.hold():
-                    output = self._model.invoke(messages, config)
+                output = self._model.invoke(messages, config)
             except Exception as error:  # noqa: BLE001 - every failure is reported
                 outcome = self._after_error(rule, error, attempt)
                 if isinstance(outcome, Verdict):
@@ -600,9 +605,8 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
     async def _ajudge(
         self,
         request: JudgeInput,
-        run_manager: AsyncCallbackManagerForChainRun,
+        run_manager: AsyncCallbackManagerForChainRun | None,
         config: RunnableConfig,
-        limiter: ConcurrencyLimiter = _UNLIMITED,
     ) -> Verdict:
         text, rule = _unpack(request)
         key = self.cache_key(text, rule) if self.cache is not None else ""
@@ -614,8 +618,7 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
         messages = self.messages(text, rule)
         for attempt in itertools.count(1):
             try:
-                async with limiter.ahold():
-                    output = await self._model.ainvoke(messages, config)
+                output = await self._model.ainvoke(messages, config)
             except Exception as error:  # noqa: BLE001 - every failure is reported
                 outcome = self._after_error(rule, error, attempt)
                 if isinstance(outcome, Verdict):
@@ -660,25 +663,23 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
             text: The input.
             rules: The rules to judge, one model call each.
             config: Callbacks, tags and metadata for the judgments' runs.
-            limiter: Caps in-flight model calls; shared limiters cap them across
-                concurrent calls. Defaults to `config["max_concurrency"]`.
+            limiter: Caps judgments in progress; a shared limiter caps them across
+                concurrent calls. Defaults to `config["max_concurrency"]`. A judgment
+                holds its slot through its retries, so backing off also slows the
+                pace against a rate-limited API.
         """
         config = ensure_config(config)
         limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
         if not rules:
             return []
+
+        def judge_one(rule: Rule) -> Verdict:
+            with limiter.hold():
+                return self._judge((text, rule), None, _judgment_config(config, rule))
+
         workers = min(len(rules), limiter.limit or _MAX_THREADS)
         with ContextThreadPoolExecutor(max_workers=workers) as executor:
-            futures = [
-                executor.submit(
-                    self._call_with_config,
-                    self._judge,
-                    (text, rule),
-                    _judgment_config(config, rule),
-                    limiter=limiter,
-                )
-                for rule in rules
-            ]
+            futures = [executor.submit(judge_one, rule) for rule in rules]
             try:
                 verdicts = [future.result() for future in futures]
             except BaseException:
@@ -703,17 +704,15 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
         """
         config = ensure_config(config)
         limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
-        tasks = [
-            asyncio.ensure_future(
-                self._acall_with_config(
-                    self._ajudge,
-                    (text, rule),
-                    _judgment_config(config, rule),
-                    limiter=limiter,
+
+        async def judge_one(rule: Rule) -> Verdict:
+            # The slot is taken before any work, so queued judgments cost nothing.
+            async with limiter.ahold():
+                return await self._ajudge(
+                    (text, rule), None, _judgment_config(config, rule)
                 )
-            )
-            for rule in rules
-        ]
+
+        tasks = [asyncio.ensure_future(judge_one(rule)) for rule in rules]
         try:
             verdicts = list(await asyncio.gather(*tasks))
         except BaseException:
@@ -726,10 +725,23 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
 
 
 def _judgment_config(config: RunnableConfig, rule: Rule) -> RunnableConfig:
-    # One child run per rule, named after it, so a trace reads like the fan-out.
-    child = cast("RunnableConfig", {**config, "run_name": f"judge:{rule.rule_id}"})
+    # One model run per rule, named after it, so a trace reads like the fan-out.
+    child = cast(
+        "RunnableConfig",
+        {
+            **config,
+            "run_name": f"judge:{rule.rule_id}",
+            "metadata": {**config.get("metadata", {}), "tag_rule_id": rule.rule_id},
+        },
+    )
     child.pop("run_id", None)
     return child
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(text: str) -> str:
+    # One input is keyed against every rule; hash a long input once, not M times.
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _tool_calls(message: BaseMessage) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ prefix caching bill once.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
@@ -91,28 +92,35 @@ NBA_CRITERIA = (
 
 # --- Shared user-message layout -----------------------------------------------------
 
-_USER_TEMPLATE = """\
+RULE_OPEN = "\n<rule>\n"
+"""Where the rule block starts: everything before it is shared by all judgments."""
+
+_USER_TEMPLATE = (
+    """\
 Judge whether the input satisfies the condition of the rule below. Everything between \
 <input> and </input> is the input to assess.
 
 <input>
 {input}
 </input>
-
-<rule>
-{rule_fields}
+"""
+    + RULE_OPEN
+    + """{rule_fields}
 </rule>
 
 {output_instruction}"""
+)
 
 _DELIMITER = re.compile(r"<(/?)(input|rule)\s*>", re.IGNORECASE)
 
 
+@functools.lru_cache(maxsize=64)
 def escape_delimiters(text: str) -> str:
     """Neutralise our own delimiter tags inside untrusted text.
 
     An input that contains `</input>` could otherwise close the data block early and
-    write text that reads like instructions or a second rule.
+    write text that reads like instructions or a second rule. Cached: one input is
+    escaped once for all M rules judged against it.
     """
     return _DELIMITER.sub(r"&lt;\1\2&gt;", text)
 
@@ -132,12 +140,16 @@ def render_judge_user_message(
         rule_fields: (label, value) pairs the judge may see; never the action.
         output_instruction: The closing line that fixes the answer format.
     """
-    fields = "\n".join(
-        f"{label}: {escape_delimiters(' '.join(value.split()))}"
-        for label, value in rule_fields
-    )
     return _USER_TEMPLATE.format(
         input=escape_delimiters(text),
-        rule_fields=fields,
+        rule_fields=render_rule_fields(rule_fields),
         output_instruction=output_instruction,
+    )
+
+
+def render_rule_fields(rule_fields: Sequence[tuple[str, str]]) -> str:
+    """The rule block's lines: one `label: value` per field, whitespace folded."""
+    return "\n".join(
+        f"{label}: {escape_delimiters(' '.join(value.split()))}"
+        for label, value in rule_fields
     )

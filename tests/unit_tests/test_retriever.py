@@ -241,8 +241,9 @@ def test_every_llm_call_nests_under_the_retriever_run(retriever: TAGRetriever) -
 
 
 @pytest.mark.parametrize("max_concurrency", [2, 5])
-def test_sync_batch_is_bounded_across_queries(
-    pep8_rulebook: Rulebook, max_concurrency: int
+@pytest.mark.parametrize("use_async", [False, True])
+def test_batch_is_bounded_across_queries(
+    pep8_rulebook: Rulebook, max_concurrency: int, *, use_async: bool
 ) -> None:
     llm = RuleAwareFakeChatModel(latency=0.02)
     retriever = TAGRetriever(
@@ -250,27 +251,16 @@ def test_sync_batch_is_bounded_across_queries(
         judge=ApplicabilityJudge(llm=llm, cache=None),
         max_concurrency=max_concurrency,
     )
-    results = retriever.batch([SNIPPET, "x = 1", SNIPPET, "f = lambda: 0"])
+    queries = [SNIPPET, "x = 1", SNIPPET, "f = lambda: 0"]
+    if use_async:
+        results = asyncio.run(retriever.abatch(queries))
+    else:
+        results = retriever.batch(queries)
     assert llm.calls == 36
     assert llm.peak_in_flight == max_concurrency
     assert [d.id for d in results[0]] == MATCHED
-    assert [d.id for d in results[3]] == ["PEP8-LAMBDA-ASSIGN"]
-
-
-@pytest.mark.parametrize("max_concurrency", [2, 5])
-async def test_async_batch_is_bounded_across_queries(
-    pep8_rulebook: Rulebook, max_concurrency: int
-) -> None:
-    llm = RuleAwareFakeChatModel(latency=0.02)
-    retriever = TAGRetriever(
-        rulebook=pep8_rulebook,
-        judge=ApplicabilityJudge(llm=llm, cache=None),
-        max_concurrency=max_concurrency,
-    )
-    results = await retriever.abatch([SNIPPET, "x = 1", SNIPPET, "f = lambda: 0"])
-    assert llm.calls == 36
-    assert llm.peak_in_flight == max_concurrency
     assert [d.id for d in results[2]] == MATCHED
+    assert [d.id for d in results[3]] == ["PEP8-LAMBDA-ASSIGN"]
 
 
 def test_from_rulebook_accepts_paths_and_objects(pep8_rulebook: Rulebook) -> None:
