@@ -10,6 +10,12 @@ from langchain_tag import ModelNotConfiguredError, default_chat_model
 
 ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "TAG_MODEL")
 
+# Building a ChatOpenAI probes socket options (and urllib3 probes IPv6) by creating
+# sockets it never connects; the blocked attempt is reported as a warning only.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:A test tried to use socket.socket:UserWarning"
+)
+
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
