@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from langchain_tag import prompts
 from langchain_tag._concurrency import ConcurrencyLimiter
 from langchain_tag.cache import InMemoryVerdictCache, VerdictCache
+from langchain_tag.models import with_settings
 from langchain_tag.rules import Rule
 
 
@@ -457,22 +458,22 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
         self._model, self._structured = self._output_runnable(model)
 
     def _configured_model(self) -> BaseChatModel:
-        fields = type(self.llm).model_fields
-        updates: dict[str, Any] = {}
-        if self.temperature is not None and "temperature" in fields:
-            updates["temperature"] = self.temperature
-        if self.logprobs:
-            if "logprobs" not in fields:
-                msg = (
-                    f"logprobs=True needs a model with a 'logprobs' option; "
-                    f"{type(self.llm).__name__} has none. Use logprobs=False (verdicts "
-                    "then carry no score)."
-                )
-                raise ValueError(msg)
-            updates["logprobs"] = True
-            if "top_logprobs" in fields:
-                updates["top_logprobs"] = self.top_logprobs
-        return self.llm.model_copy(update=updates) if updates else self.llm
+        logprobs = (
+            {"logprobs": True, "top_logprobs": self.top_logprobs}
+            if self.logprobs
+            else {}
+        )
+        model, unsupported = with_settings(
+            self.llm, temperature=self.temperature, **logprobs
+        )
+        if "logprobs" in unsupported:
+            msg = (
+                f"logprobs=True needs a model with a 'logprobs' option; "
+                f"{type(self.llm).__name__} has none. Use logprobs=False (verdicts "
+                "then carry no score)."
+            )
+            raise ValueError(msg)
+        return model
 
     def _output_runnable(self, model: BaseChatModel) -> tuple[Runnable[Any, Any], bool]:
         wanted = self.structured_output == "always" or (

@@ -21,6 +21,26 @@ class ModelNotConfiguredError(RuntimeError):
     """No chat model was passed and the environment configures none."""
 
 
+def with_settings(
+    llm: BaseChatModel, **settings: Any
+) -> tuple[BaseChatModel, set[str]]:
+    """A copy of `llm` with those generation settings it has fields for.
+
+    Chat model classes name their options as pydantic fields (`temperature`,
+    `top_p`, `max_tokens`, `logprobs`, ...); setting them on a copy leaves the
+    caller's model untouched. Settings whose value is None are left alone.
+
+    Returns:
+        The configured copy (or `llm` itself when nothing applies) and the names of
+        the settings the model has no field for.
+    """
+    fields = type(llm).model_fields
+    wanted = {name: value for name, value in settings.items() if value is not None}
+    updates = {name: value for name, value in wanted.items() if name in fields}
+    copy = llm.model_copy(update=updates) if updates else llm
+    return copy, set(wanted) - set(updates)
+
+
 def default_chat_model(**kwargs: Any) -> BaseChatModel:
     """`ChatOpenAI` at temperature 0, configured from the environment.
 

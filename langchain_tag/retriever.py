@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -194,6 +196,70 @@ class TAGRetriever(BaseRetriever):
             kwargs["llm"] = llm
         return cls(rulebook=rulebook, **kwargs)
 
+    @classmethod
+    def from_documents(
+        cls,
+        documents: Iterable[Document | str],
+        llm: BaseChatModel | None = None,
+        *,
+        rulebook_path: str | os.PathLike[str] | None = None,
+        domain: str = "instruction",
+        extraction: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> TAGRetriever:
+        """Extract a rulebook from documents, then retrieve over it.
+
+        Args:
+            documents: LangChain documents from any loader, or strings.
+            llm: The model for extraction and judging; default from the environment.
+            rulebook_path: Where to save the rulebook (atomically). If the file
+                exists it is loaded instead of extracting again.
+            domain: What the documents govern, for the extraction prompts.
+            extraction: Other `extract_rules` arguments (`checkpoint`,
+                `skip_phases`, `max_concurrency`, ...).
+            **kwargs: `TAGRetriever` fields (`k`, `judge`, ...).
+        """
+        from langchain_tag.extraction import extract_rules  # noqa: PLC0415 - langgraph
+
+        if rulebook_path is not None and Path(rulebook_path).exists():
+            rulebook = Rulebook.load(rulebook_path)
+        else:
+            rulebook = extract_rules(
+                documents, llm=llm, domain=domain, **dict(extraction or {})
+            )
+            if rulebook_path is not None:
+                rulebook.save(rulebook_path)
+        return cls.from_rulebook(rulebook, llm=llm, **kwargs)
+
+    @classmethod
+    def from_vectorstore(
+        cls,
+        vectorstore: Any,
+        llm: BaseChatModel | None = None,
+        **kwargs: Any,
+    ) -> TAGRetriever:
+        """Extract rules from the documents already stored in a Chroma collection.
+
+        Chunks that carry `source` and `start_index` metadata (as LangChain's text
+        splitters add with `add_start_index=True`) are reassembled into their
+        documents first, so sections and source offsets refer to the whole text;
+        other chunks are extracted as documents of their own.
+
+        Args:
+            vectorstore: A `langchain_chroma.Chroma` store (anything with Chroma's
+                `get(include=[...])`).
+            llm: The model for extraction and judging.
+            **kwargs: As for `from_documents`.
+        """
+        stored = vectorstore.get(include=["documents", "metadatas"])
+        chunks = [
+            Document(page_content=text or "", metadata=metadata or {}, id=chunk_id)
+            for chunk_id, text, metadata in zip(
+                stored["ids"], stored["documents"], stored["metadatas"], strict=True
+            )
+        ]
+        return cls.from_documents(reassemble_chunks(chunks), llm, **kwargs)
+
     # -- public API beyond BaseRetriever ----------------------------------------------
 
     def match(
@@ -332,6 +398,36 @@ class TAGRetriever(BaseRetriever):
         if sink is not None:
             sink.append(result)
         return result.documents
+
+
+def reassemble_chunks(chunks: Sequence[Document]) -> list[Document]:
+    """Rebuild documents from overlapping chunks that know their source and offset.
+
+    Chunks with `metadata["source"]` and an integer `metadata["start_index"]` are laid
+    back at their offsets (overlaps agree, so later chunks just extend the text);
+    the others are returned as they are, in their original order.
+    """
+    placed: dict[str, list[Document]] = defaultdict(list)
+    loose: list[Document] = []
+    for chunk in chunks:
+        source, start = chunk.metadata.get("source"), chunk.metadata.get("start_index")
+        if isinstance(source, str) and isinstance(start, int):
+            placed[source].append(chunk)
+        else:
+            loose.append(chunk)
+    documents = []
+    for source, parts in placed.items():
+        text = ""
+        for part in sorted(parts, key=lambda c: c.metadata["start_index"]):
+            start = part.metadata["start_index"]
+            if start > len(
+                text
+            ):  # a gap: keep the pieces apart rather than invent text
+                text += "\n\n"
+                start = len(text)
+            text = text[:start] + part.page_content
+        documents.append(Document(page_content=text, metadata={"source": source}))
+    return documents + loose
 
 
 def _relevance(verdict: Verdict) -> float:

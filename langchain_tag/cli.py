@@ -1,0 +1,184 @@
+"""The `tag` command line.
+
+tag extract FILES... --domain D -o rulebook.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from langchain_core.documents import Document
+
+from langchain_tag.models import ModelNotConfiguredError, default_chat_model
+from langchain_tag.rules import RulebookError
+
+
+class CommandError(Exception):
+    """A problem the user can fix; printed without a traceback."""
+
+
+def read_documents(paths: Sequence[str]) -> list[Document]:
+    """Read text files as documents, with errors that name the file and the fix."""
+    documents = []
+    for name in paths:
+        path = Path(name)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            msg = f"{name}: no such file."
+            raise CommandError(msg) from None
+        except IsADirectoryError:
+            msg = f"{name}: is a directory; pass the files in it (e.g. {name}/*.md)."
+            raise CommandError(msg) from None
+        except OSError as error:
+            msg = f"{name}: cannot be read ({error.strerror})."
+            raise CommandError(msg) from None
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as error:
+            msg = (
+                f"{name}: not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
+                f"{error.start}). Convert it first, e.g. `iconv -f latin1 -t utf-8 "
+                f"{name} > {path.stem}.utf8{path.suffix}`; PDFs and word-processor "
+                "files need a LangChain document loader and the Python API."
+            )
+            raise CommandError(msg) from None
+        if not text.strip():
+            msg = f"{name}: the file is empty."
+            raise CommandError(msg)
+        documents.append(Document(page_content=text, metadata={"source": str(path)}))
+    return documents
+
+
+class Progress:
+    """One status line per node on a terminal, one line per change otherwise."""
+
+    def __init__(self, stream: TextIO) -> None:
+        """Report to `stream` (normally stderr)."""
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.started = time.perf_counter()
+        self.last = ""
+
+    def __call__(self, node: str, done: int) -> None:
+        """Record that `done` tasks of `node` have finished."""
+        elapsed = time.perf_counter() - self.started
+        line = f"[{elapsed:6.1f}s] {node}: {done} done"
+        if self.tty:
+            self.stream.write(f"\r\033[K{line}")
+        elif node != self.last:
+            self.stream.write(line + "\n")
+        self.last = node
+        self.stream.flush()
+
+    def close(self) -> None:
+        """End the status line."""
+        if self.tty:
+            self.stream.write("\n")
+
+
+def _extract(args: argparse.Namespace) -> int:
+    from langchain_tag.extraction import extract_rules  # noqa: PLC0415 - loads langgraph
+
+    documents = read_documents(args.files)
+    llm = default_chat_model(model=args.model) if args.model else default_chat_model()
+    progress = None if args.quiet else Progress(sys.stderr)
+    try:
+        rulebook = extract_rules(
+            documents,
+            llm=llm,
+            domain=args.domain,
+            skip_phases=args.skip_phase,
+            checkpoint=None if args.no_checkpoint else args.checkpoint,
+            max_concurrency=args.max_concurrency,
+            on_progress=progress,
+            max_section_tokens=args.max_section_tokens,
+            faithfulness_mode=args.faithfulness,
+        )
+    finally:
+        if progress is not None:
+            progress.close()
+    rulebook.save(args.output)
+    from langchain_tag.extraction import ExtractionReport  # noqa: PLC0415
+
+    print(ExtractionReport.model_validate(rulebook.diagnostics).format())  # noqa: T201
+    print(f"\nwrote {len(rulebook)} rules to {args.output}")  # noqa: T201
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `tag` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="tag",
+        description="Task-Aligned Retrieval: extract rules and retrieve them by "
+        "applicability.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    extract = commands.add_parser(
+        "extract",
+        help="extract a verified rulebook from instruction documents",
+        description="Run the five extraction phases over text, Markdown or "
+        "reStructuredText files. Interrupted runs resume when re-run with the same "
+        "arguments; after an edit only the changed sections are sent again.",
+    )
+    extract.add_argument("files", nargs="+", help="UTF-8 text, Markdown or RST files")
+    extract.add_argument("-o", "--output", required=True, help="rulebook JSON to write")
+    extract.add_argument(
+        "--domain",
+        default="instruction",
+        help='what the documents govern, e.g. "PEP 8"',
+    )
+    extract.add_argument(
+        "--model", help="model name for the default ChatOpenAI (else $TAG_MODEL)"
+    )
+    extract.add_argument(
+        "--skip-phase",
+        type=int,
+        action="append",
+        default=[],
+        choices=range(1, 6),
+        metavar="N",
+        help="skip phase N (1-5), for ablations; repeatable",
+    )
+    extract.add_argument(
+        "--checkpoint",
+        default="default",
+        help="SQLite file for resumable runs and the section cache "
+        "(default .langchain-tag/extraction.sqlite)",
+    )
+    extract.add_argument(
+        "--no-checkpoint", action="store_true", help="keep no checkpoint or cache"
+    )
+    extract.add_argument("--max-concurrency", type=int, default=8)
+    extract.add_argument("--max-section-tokens", type=int, default=1500)
+    extract.add_argument(
+        "--faithfulness", choices=["corrected", "literal"], default="corrected"
+    )
+    extract.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    extract.set_defaults(handler=_extract)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `tag` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except (CommandError, ModelNotConfiguredError, RulebookError, ValueError) as error:
+        print(f"tag {args.command}: error: {error}", file=sys.stderr)  # noqa: T201
+        return 2
+    except KeyboardInterrupt:
+        print(  # noqa: T201
+            f"\ntag {args.command}: interrupted; run the same command again to resume.",
+            file=sys.stderr,
+        )
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

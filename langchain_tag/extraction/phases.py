@@ -1,0 +1,453 @@
+"""Phases 1-4 of extraction as pure functions: the prompts and the output checks.
+
+Each phase asks for one JSON object. Nothing the model returns is trusted: items are
+validated one by one, spans must be found in the section, ids must refer to what was
+sent, and every drop is counted under a reason so the report can say what was lost.
+The LangGraph nodes in `graph.py` only add the model call around these functions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from langchain_tag import prompts
+from langchain_tag.extraction.sectioning import Section
+from langchain_tag.extraction.verification import locate_span
+from langchain_tag.rules import NormativeType, PreferredAction, Relationship
+
+Phase = Literal["spans", "atomics", "rules", "relations"]
+MAX_TAGS = 3
+
+
+# --- what the model is asked to return (validated item by item) ---------------------
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+
+
+class SpanItem(_Item):
+    """Phase 1 output item."""
+
+    span_id: str = ""
+    text: str = Field(min_length=1)
+    normative_type: NormativeType | None = None
+    context_summary: str | None = None
+
+    @field_validator("normative_type", mode="before")
+    @classmethod
+    def _known_type(cls, value: object) -> object:
+        # An unknown label loses the label, not the span.
+        known = NormativeType.__args__  # type: ignore[attr-defined]
+        return (
+            value.strip().lower()
+            if isinstance(value, str) and (value.strip().lower() in known)
+            else None
+        )
+
+
+class AtomicItem(_Item):
+    """Phase 2 output item."""
+
+    atomic_id: str = ""
+    source_span_id: str = Field(min_length=1)
+    text: str = Field(min_length=1)
+    original_text: str | None = None
+    was_split: bool = False
+    split_rationale: str | None = None
+
+
+class RuleItem(_Item):
+    """Phase 3 output item."""
+
+    atomic_id: str = Field(min_length=1)
+    rule_name: str = Field(min_length=1)
+    condition: str = Field(min_length=1)
+    action: str = Field(min_length=1)
+    source_text: str | None = None
+    category_tags: list[str] = Field(default_factory=list)
+
+    @field_validator("category_tags", mode="before")
+    @classmethod
+    def _tags(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            return []
+        return [str(tag).strip().lower() for tag in value if str(tag).strip()]
+
+
+class RelationItem(_Item):
+    """Phase 4 output item."""
+
+    rule_i: str = Field(min_length=1)
+    rule_j: str = Field(min_length=1)
+    relationship: Relationship
+    preferred_action: PreferredAction | None = None
+    explanation: str | None = None
+
+
+# --- what the pipeline carries between phases (document coordinates, global ids) ----
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpanRecord(_Record):
+    """A normative span located in its document."""
+
+    span_id: str
+    section_id: str
+    document_id: str
+    text: str
+    start: int
+    end: int
+    normative_type: NormativeType | None = None
+    context_summary: str | None = None
+
+
+class AtomicRecord(_Record):
+    """An atomic unit and the span it came from."""
+
+    atomic_id: str
+    span_id: str
+    section_id: str
+    document_id: str
+    text: str
+    original_text: str
+    was_split: bool = False
+
+
+class DraftRule(_Record):
+    """A rule before deduplication and verification."""
+
+    draft_id: str
+    document_id: str
+    section_id: str
+    name: str
+    condition: str
+    action: str
+    source_text: str
+    tags: tuple[str, ...]
+    span_ids: tuple[str, ...]
+    atomic_ids: tuple[str, ...]
+    normative_type: NormativeType | None = None
+
+
+class RelationRecord(_Record):
+    """A phase-4 finding about two draft rules."""
+
+    rule_i: str
+    rule_j: str
+    relationship: Relationship
+    preferred_action: PreferredAction | None = None
+    explanation: str | None = None
+
+
+# --- reading JSON out of model text ---------------------------------------------------
+
+_THINKING = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.DOTALL | re.IGNORECASE)
+_DECODER = json.JSONDecoder()
+
+
+def parse_json_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object in `text` (code fences, think blocks allowed), or None."""
+    cleaned = _THINKING.sub("", text)
+    position = cleaned.find("{")
+    while position != -1:
+        value = _decode_at(cleaned, position)
+        if isinstance(value, dict):
+            return value
+        position = cleaned.find("{", position + 1)
+    return None
+
+
+def _decode_at(text: str, position: int) -> object:
+    try:
+        return _DECODER.raw_decode(text, position)[0]
+    except ValueError:
+        return None
+
+
+def read_items(
+    text: str, key: str, model: type[_Item], tally: Counter[str]
+) -> list[Any]:
+    """Validate the list under `key` item by item; count every problem in `tally`."""
+    obj = parse_json_object(text)
+    if obj is None:
+        tally["malformed_json"] += 1
+        return []
+    raw = obj.get(key)
+    if not isinstance(raw, list):
+        tally[f"missing_{key}_list"] += 1
+        return []
+    items = []
+    for entry in raw:
+        try:
+            items.append(model.model_validate(entry))
+        except ValidationError as error:  # noqa: PERF203 - each item counts on its own
+            first = error.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or "item"
+            tally[f"invalid_item:{field}"] += 1
+    return items
+
+
+def _messages(system: str, user: str, domain: str) -> list[BaseMessage]:
+    return [SystemMessage(system.format(domain=domain)), HumanMessage(user)]
+
+
+# --- phase 1 ----------------------------------------------------------------------
+
+
+def span_messages(section: Section, domain: str) -> list[BaseMessage]:
+    """Phase 1 prompt for one section."""
+    heading = " > ".join(section.heading_path) or "(none)"
+    return _messages(
+        prompts.SPAN_DETECTION_SYSTEM,
+        prompts.SPAN_DETECTION_USER.format(
+            heading=heading, section=prompts.escape_delimiters(section.text)
+        ),
+        domain,
+    )
+
+
+def read_spans(text: str, section: Section, tally: Counter[str]) -> list[SpanRecord]:
+    """Phase 1 output -> spans located in the document; unlocatable spans dropped."""
+    records: list[SpanRecord] = []
+    seen: set[tuple[int, int]] = set()
+    for item in read_items(text, "spans", SpanItem, tally):
+        start = section.text.find(item.text)
+        if start == -1:
+            found = locate_span(item.text, section.text)
+            if found is None:
+                tally["dropped_not_in_section"] += 1
+                continue
+            tally["relocated_after_normalising"] += 1
+            start, end = found
+        else:
+            end = start + len(item.text)
+        if (start, end) in seen:
+            tally["dropped_duplicate_span"] += 1
+            continue
+        seen.add((start, end))
+        records.append(
+            SpanRecord(
+                span_id=f"{section.section_id}/S-{len(records) + 1:03d}",
+                section_id=section.section_id,
+                document_id=section.document_id,
+                text=section.text[start:end],
+                start=section.start + start,
+                end=section.start + end,
+                normative_type=item.normative_type,
+                context_summary=item.context_summary,
+            )
+        )
+    tally["kept"] += len(records)
+    return records
+
+
+def whole_section_spans(section: Section) -> list[SpanRecord]:
+    """Phase 1 skipped (ablation): every paragraph of the section is a span."""
+    records: list[SpanRecord] = []
+    for match in re.finditer(r"\S(?:.*?\S)?(?=\n\s*\n|\s*\Z)", section.text, re.DOTALL):
+        records.append(
+            SpanRecord(
+                span_id=f"{section.section_id}/S-{len(records) + 1:03d}",
+                section_id=section.section_id,
+                document_id=section.document_id,
+                text=match.group(0),
+                start=section.start + match.start(),
+                end=section.start + match.end(),
+            )
+        )
+    return records
+
+
+# --- phase 2 ----------------------------------------------------------------------
+
+
+def _local(record_id: str) -> str:
+    return record_id.rsplit("/", 1)[-1]
+
+
+def atomic_messages(spans: Sequence[SpanRecord], domain: str) -> list[BaseMessage]:
+    """Phase 2 prompt for the spans of one section."""
+    listing = "\n".join(f"{_local(s.span_id)}: {s.text}" for s in spans)
+    return _messages(
+        prompts.DECOMPOSITION_SYSTEM,
+        prompts.DECOMPOSITION_USER.format(spans=prompts.escape_delimiters(listing)),
+        domain,
+    )
+
+
+def read_atomics(
+    text: str, spans: Sequence[SpanRecord], tally: Counter[str]
+) -> list[AtomicRecord]:
+    """Phase 2 output -> atomic units tied to the spans they came from."""
+    by_local = {_local(s.span_id): s for s in spans}
+    records: list[AtomicRecord] = []
+    covered: set[str] = set()
+    for item in read_items(text, "atomic_units", AtomicItem, tally):
+        span = by_local.get(item.source_span_id)
+        if span is None and len(spans) == 1:
+            span = spans[0]  # a single statement leaves no doubt
+            tally["repaired_span_id"] += 1
+        if span is None:
+            tally["dropped_unknown_span_id"] += 1
+            continue
+        covered.add(span.span_id)
+        records.append(
+            AtomicRecord(
+                atomic_id=f"{span.section_id}/A-{len(records) + 1:03d}",
+                span_id=span.span_id,
+                section_id=span.section_id,
+                document_id=span.document_id,
+                text=item.text,
+                original_text=span.text,
+                was_split=item.was_split,
+            )
+        )
+    # A span the model skipped still yields a unit: losing it would lose a rule.
+    for span in spans:
+        if span.span_id not in covered:
+            tally["span_kept_whole"] += 1
+            records.append(atomic_from_span(span, len(records) + 1))
+    tally["kept"] += len(records)
+    return records
+
+
+def atomic_from_span(span: SpanRecord, number: int) -> AtomicRecord:
+    """The span itself as one atomic unit (phase 2 skipped, or nothing returned)."""
+    return AtomicRecord(
+        atomic_id=f"{span.section_id}/A-{number:03d}",
+        span_id=span.span_id,
+        section_id=span.section_id,
+        document_id=span.document_id,
+        text=span.text,
+        original_text=span.text,
+    )
+
+
+# --- phase 3 ----------------------------------------------------------------------
+
+
+def rule_messages(atomics: Sequence[AtomicRecord], domain: str) -> list[BaseMessage]:
+    """Phase 3 prompt for a batch of atomic units."""
+    listing = "\n".join(
+        f"{_local(a.atomic_id)}: {a.text} | {a.original_text}" for a in atomics
+    )
+    return _messages(
+        prompts.OPERATIONALISATION_SYSTEM,
+        prompts.OPERATIONALISATION_USER.format(
+            units=prompts.escape_delimiters(listing)
+        ),
+        domain,
+    )
+
+
+def read_rules(
+    text: str,
+    atomics: Sequence[AtomicRecord],
+    spans: dict[str, SpanRecord],
+    tally: Counter[str],
+) -> list[DraftRule]:
+    """Phase 3 output -> draft rules tied to their atomic units and spans."""
+    by_local = {_local(a.atomic_id): a for a in atomics}
+    drafts: list[DraftRule] = []
+    for item in read_items(text, "rules", RuleItem, tally):
+        atomic = by_local.get(item.atomic_id)
+        if atomic is None and len(atomics) == 1:
+            atomic = atomics[0]
+            tally["repaired_atomic_id"] += 1
+        if atomic is None:
+            tally["dropped_unknown_atomic_id"] += 1
+            continue
+        tags = tuple(dict.fromkeys(item.category_tags))
+        if len(tags) > MAX_TAGS:
+            tally["tags_truncated"] += 1
+            tags = tags[:MAX_TAGS]
+        span = spans.get(atomic.span_id)
+        drafts.append(
+            DraftRule(
+                draft_id=f"{atomic.atomic_id}/R-{len(drafts) + 1}",
+                document_id=atomic.document_id,
+                section_id=atomic.section_id,
+                name=item.rule_name,
+                condition=item.condition,
+                action=item.action,
+                source_text=item.source_text or atomic.original_text,
+                tags=tags or ("general",),
+                span_ids=(atomic.span_id,),
+                atomic_ids=(atomic.atomic_id,),
+                normative_type=span.normative_type if span else None,
+            )
+        )
+    tally["kept"] += len(drafts)
+    return drafts
+
+
+def draft_from_atomic(atomic: AtomicRecord, span: SpanRecord | None) -> DraftRule:
+    """Phase 3 skipped (ablation): the unit's text is both condition and action."""
+    words = atomic.text.split()
+    return DraftRule(
+        draft_id=f"{atomic.atomic_id}/R-1",
+        document_id=atomic.document_id,
+        section_id=atomic.section_id,
+        name=" ".join(words[:8]) or atomic.atomic_id,
+        condition=atomic.text,
+        action=atomic.text,
+        source_text=atomic.original_text,
+        tags=("general",),
+        span_ids=(atomic.span_id,),
+        atomic_ids=(atomic.atomic_id,),
+        normative_type=span.normative_type if span else None,
+    )
+
+
+# --- phase 4 ----------------------------------------------------------------------
+
+
+def relation_messages(rules: Sequence[DraftRule], domain: str) -> list[BaseMessage]:
+    """Phase 4 prompt for a group of rules that share a tag."""
+    listing = "\n".join(
+        f"{r.draft_id} | {r.name} | {r.condition} | {r.action}" for r in rules
+    )
+    return _messages(
+        prompts.RELATIONS_SYSTEM,
+        prompts.RELATIONS_USER.format(rules=prompts.escape_delimiters(listing)),
+        domain,
+    )
+
+
+def read_relations(
+    text: str, rules: Sequence[DraftRule], tally: Counter[str]
+) -> list[RelationRecord]:
+    """Phase 4 output -> relations between rules of the group; others dropped."""
+    known = {r.draft_id for r in rules}
+    records: list[RelationRecord] = []
+    for item in read_items(text, "relations", RelationItem, tally):
+        if item.rule_i not in known or item.rule_j not in known:
+            tally["dropped_unknown_rule_id"] += 1
+            continue
+        if item.rule_i == item.rule_j:
+            tally["dropped_self_pair"] += 1
+            continue
+        records.append(
+            RelationRecord(
+                rule_i=item.rule_i,
+                rule_j=item.rule_j,
+                relationship=item.relationship,
+                preferred_action=item.preferred_action,
+                explanation=item.explanation,
+            )
+        )
+    tally["kept"] += len(records)
+    return records
