@@ -4,7 +4,8 @@ Retrieve the rules whose condition an input satisfies, judged pairwise by an LLM
 never sees the rules' actions, instead of the passages most similar to the input.
 """
 
-from importlib import metadata
+from importlib import import_module, metadata
+from typing import TYPE_CHECKING, Any
 
 from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache, VerdictCache
 from langchain_tag.matching import (
@@ -30,6 +31,28 @@ from langchain_tag.rules import (
     SourceSpan,
 )
 
+if TYPE_CHECKING:
+    from langchain_tag.extraction import (
+        ExtractionReport,
+        aextract_rules,
+        extract_rules,
+    )
+
+# Extraction pulls in LangGraph; load it on first use, not on `import langchain_tag`.
+_LAZY = {
+    "ExtractionReport": "langchain_tag.extraction",
+    "aextract_rules": "langchain_tag.extraction",
+    "extract_rules": "langchain_tag.extraction",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    msg = f"module 'langchain_tag' has no attribute {name!r}"
+    raise AttributeError(msg)
+
+
 try:
     __version__ = metadata.version(__package__ or __name__)
 except metadata.PackageNotFoundError:
@@ -40,6 +63,7 @@ __all__ = [
     "CONDITION_PROFILE",
     "NBA_PROFILE",
     "ApplicabilityJudge",
+    "ExtractionReport",
     "InMemoryVerdictCache",
     "JudgmentError",
     "MatchResult",
@@ -59,6 +83,8 @@ __all__ = [
     "Verdict",
     "VerdictCache",
     "__version__",
+    "aextract_rules",
     "constraint_profile",
     "default_chat_model",
+    "extract_rules",
 ]

@@ -167,6 +167,23 @@ def _config(
     }
 
 
+def _finished(values: dict[str, Any], run_key: str) -> bool:
+    return "rulebook" in values and values.get("run_key") == run_key
+
+
+def _inputs(
+    pending: tuple[str, ...],
+    values: dict[str, Any],
+    documents: list[Document],
+    domain: str,
+    run_key: str,
+) -> ExtractionInput | None:
+    """None resumes the thread's interrupted run; new input starts a fresh one."""
+    if pending and values.get("run_key") == run_key:
+        return None
+    return {"documents": documents, "domain": domain, "run_key": run_key}
+
+
 def _finish(output: dict[str, Any]) -> Rulebook:
     return Rulebook.model_validate(output["rulebook"])
 
@@ -210,16 +227,14 @@ def extract_rules(
         The rulebook; its `diagnostics` hold the `ExtractionReport`.
     """
     docs, run_settings = _prepare(documents, llm, skip_phases, settings)
-    thread = thread_id or run_id_for(docs, domain, run_settings)
-    config = _config(thread, max_concurrency, callbacks)
+    run_key = run_id_for(docs, domain, run_settings)
+    config = _config(thread_id or run_key, max_concurrency, callbacks)
     with _persistence(checkpoint) as (saver, cache):
         graph = build_extraction_graph(checkpointer=saver, cache=cache, retry=retry)
         snapshot = graph.get_state(config)
-        if not snapshot.next and "rulebook" in snapshot.values:
+        if _finished(snapshot.values, run_key):
             return _finish(snapshot.values)
-        inputs: ExtractionInput | None = (
-            None if snapshot.next else {"documents": docs, "domain": domain}
-        )
+        inputs = _inputs(snapshot.next, snapshot.values, docs, domain, run_key)
         done: dict[str, int] = {}
         for update in graph.stream(
             inputs, config, context=run_settings, stream_mode="updates"
@@ -244,16 +259,14 @@ async def aextract_rules(
 ) -> Rulebook:
     """Async `extract_rules`: the fan-out's LLM calls run on the event loop."""
     docs, run_settings = _prepare(documents, llm, skip_phases, settings)
-    thread = thread_id or run_id_for(docs, domain, run_settings)
-    config = _config(thread, max_concurrency, callbacks)
+    run_key = run_id_for(docs, domain, run_settings)
+    config = _config(thread_id or run_key, max_concurrency, callbacks)
     async with _apersistence(checkpoint) as (saver, cache):
         graph = build_extraction_graph(checkpointer=saver, cache=cache, retry=retry)
         snapshot = await graph.aget_state(config)
-        if not snapshot.next and "rulebook" in snapshot.values:
+        if _finished(snapshot.values, run_key):
             return _finish(snapshot.values)
-        inputs: ExtractionInput | None = (
-            None if snapshot.next else {"documents": docs, "domain": domain}
-        )
+        inputs = _inputs(snapshot.next, snapshot.values, docs, domain, run_key)
         done: dict[str, int] = {}
         async for update in graph.astream(
             inputs, config, context=run_settings, stream_mode="updates"

@@ -37,7 +37,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import get_runtime
-from langgraph.types import CachePolicy, Send
+from langgraph.types import CachePolicy, Overwrite, Send
 from langgraph.types import RetryPolicy as GraphRetryPolicy
 
 from langchain_tag import prompts
@@ -117,6 +117,9 @@ class ExtractionInput(TypedDict):
 
     documents: list[Document]
     domain: NotRequired[str]
+    run_key: NotRequired[str]
+    """Fingerprint of the documents and settings; a finished run with the same key is
+    returned as it is instead of being run again."""
 
 
 class ExtractionOutput(TypedDict):
@@ -135,6 +138,7 @@ class ExtractionState(TypedDict, total=False):
 
     documents: list[Document]
     domain: str
+    run_key: str
     started: float
     model_key: str
     document_ids: list[str]
@@ -278,9 +282,10 @@ def prepare(state: ExtractionState) -> dict[str, Any]:
         "model_key": model_identity(_model(settings)),
         "document_ids": ids,
         "sections": [s.model_dump(mode="json") for s in sections],
-        "raw": {},
-        "usage": {},
-        "tallies": {},
+        # A thread may be reused for new documents: start the merged channels empty.
+        "raw": Overwrite({}),
+        "usage": Overwrite({}),
+        "tallies": Overwrite({}),
         "removed": [],
     }
 

@@ -6,6 +6,7 @@ EXPECTED_ALL = [
     "CONDITION_PROFILE",
     "NBA_PROFILE",
     "ApplicabilityJudge",
+    "ExtractionReport",
     "InMemoryVerdictCache",
     "JudgmentError",
     "MatchResult",
@@ -25,8 +26,10 @@ EXPECTED_ALL = [
     "Verdict",
     "VerdictCache",
     "__version__",
+    "aextract_rules",
     "constraint_profile",
     "default_chat_model",
+    "extract_rules",
 ]
 
 
