@@ -87,18 +87,25 @@ class SQLiteVerdictCache(VerdictCache):
     """A persistent cache in one SQLite file, safe for several threads and processes.
 
     The database runs in WAL mode with a busy timeout, so concurrent writers wait
-    for each other instead of failing.
+    for each other instead of failing. Extraction keeps its model answers the same
+    way, in a table of its own (`table="extraction_answers"`).
     """
 
-    def __init__(self, path: str | Path, *, timeout: float = 30.0) -> None:
-        """Open (creating if needed) the cache database at `path`."""
+    def __init__(
+        self, path: str | Path, *, table: str = "verdicts", timeout: float = 30.0
+    ) -> None:
+        """Open (creating if needed) the cache table `table` in the file at `path`."""
+        if not table.isidentifier():
+            msg = f"table must be a plain SQL identifier, got {table!r}"
+            raise ValueError(msg)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.table = table
         self.timeout = timeout
         self._local = threading.local()
         with self._connection() as conn:
             conn.execute(
-                "CREATE TABLE IF NOT EXISTS verdicts ("
+                f"CREATE TABLE IF NOT EXISTS {table} ("
                 "key TEXT PRIMARY KEY, verdict TEXT NOT NULL, created REAL NOT NULL)"
             )
 
@@ -116,7 +123,7 @@ class SQLiteVerdictCache(VerdictCache):
     def lookup(self, key: str) -> str | None:  # noqa: D102
         row = (
             self._connection()
-            .execute("SELECT verdict FROM verdicts WHERE key = ?", (key,))
+            .execute(f"SELECT verdict FROM {self.table} WHERE key = ?", (key,))  # noqa: S608
             .fetchone()
         )
         return None if row is None else str(row[0])
@@ -124,16 +131,17 @@ class SQLiteVerdictCache(VerdictCache):
     def update(self, key: str, value: str) -> None:  # noqa: D102
         with self._connection() as conn:
             conn.execute(
-                "INSERT OR REPLACE INTO verdicts (key, verdict, created) "
+                f"INSERT OR REPLACE INTO {self.table} (key, verdict, created) "  # noqa: S608
                 "VALUES (?, ?, ?)",
                 (key, value, time.time()),
             )
 
     def clear(self) -> None:  # noqa: D102
         with self._connection() as conn:
-            conn.execute("DELETE FROM verdicts")
+            conn.execute(f"DELETE FROM {self.table}")  # noqa: S608
 
     def __len__(self) -> int:
         """Number of stored verdicts."""
-        row = self._connection().execute("SELECT COUNT(*) FROM verdicts").fetchone()
+        query = f"SELECT COUNT(*) FROM {self.table}"  # noqa: S608 - checked identifier
+        row = self._connection().execute(query).fetchone()
         return int(row[0])

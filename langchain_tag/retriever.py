@@ -404,8 +404,9 @@ def reassemble_chunks(chunks: Sequence[Document]) -> list[Document]:
     """Rebuild documents from overlapping chunks that know their source and offset.
 
     Chunks with `metadata["source"]` and an integer `metadata["start_index"]` are laid
-    back at their offsets (overlaps agree, so later chunks just extend the text);
-    the others are returned as they are, in their original order.
+    back at their offsets (overlaps agree, so later chunks just extend the text, and
+    a gap, whitespace the splitter stripped, becomes newlines); the others are
+    returned as they are, in their original order.
     """
     placed: dict[str, list[Document]] = defaultdict(list)
     loose: list[Document] = []
@@ -420,12 +421,9 @@ def reassemble_chunks(chunks: Sequence[Document]) -> list[Document]:
         text = ""
         for part in sorted(parts, key=lambda c: c.metadata["start_index"]):
             start = part.metadata["start_index"]
-            if start > len(
-                text
-            ):  # a gap: keep the pieces apart rather than invent text
-                text += "\n\n"
-                start = len(text)
-            text = text[:start] + part.page_content
+            # Splitters strip the whitespace they cut at; newlines fill exactly that
+            # gap, so every later chunk lands at its own offset.
+            text = text.ljust(start, "\n")[:start] + part.page_content
         documents.append(Document(page_content=text, metadata={"source": source}))
     return documents + loose
 

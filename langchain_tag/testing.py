@@ -79,8 +79,9 @@ class ScriptedFakeChatModel(BaseChatModel):
     faults: Mapping[str, Sequence[Fault]] = Field(default_factory=dict)
     """Per fault key: what its 1st, 2nd, ... call does instead of answering."""
     call_log: Path | None = None
-    """If set, one line per finished call is appended and flushed to this file,
-    so a test can count calls across a process that was killed."""
+    """If set, one line per finished call (prompt digest, time, first prompt line)
+    is appended and flushed to this file, so a test can count calls across a
+    process that was killed."""
 
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _in_flight: int = PrivateAttr(default=0)
@@ -138,7 +139,9 @@ class ScriptedFakeChatModel(BaseChatModel):
         if self.call_log is not None:
             digest = hashlib.sha256(prompt.encode()).hexdigest()[:16]
             with self._lock, self.call_log.open("a", encoding="utf-8") as log:
-                log.write(f"{digest}\t{prompt.splitlines()[0][:60]}\n")
+                log.write(
+                    f"{digest}\t{time.time():.6f}\t{prompt.splitlines()[0][:60]}\n"
+                )
                 log.flush()
                 os.fsync(log.fileno())
         return ChatResult(generations=[ChatGeneration(message=message)])

@@ -1,8 +1,8 @@
 """Stage 1: extract a verified rulebook from instruction documents.
 
 `extract_rules` runs the five-phase graph of `graph.py` under a SQLite checkpointer
-and node cache, so that an interrupted run resumes where it stopped and a re-run
-after an edit only sends the changed sections to the model again.
+and a durable store of the model's answers, so that an interrupted run resumes where
+it stopped and a re-run after an edit only sends the changed sections to the model.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,12 @@ from langchain_core.callbacks import Callbacks
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
-from langgraph.cache.sqlite import SqliteCache
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache, VerdictCache
 from langchain_tag.extraction.graph import (
     DEFAULT_DOMAIN,
     ExtractionInput,
@@ -103,21 +104,24 @@ def run_id_for(
     return "extract-" + hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
+ANSWERS_TABLE = "extraction_answers"
+
+
 @contextmanager
 def _persistence(
     checkpoint: Checkpoint,
-) -> Iterator[tuple[BaseCheckpointSaver[Any], SqliteCache[Any] | None]]:
+) -> Iterator[tuple[BaseCheckpointSaver[Any], VerdictCache]]:
     if isinstance(checkpoint, BaseCheckpointSaver):
-        yield checkpoint, None
+        yield checkpoint, InMemoryVerdictCache()
         return
     if checkpoint is None:
-        yield InMemorySaver(), None
+        yield InMemorySaver(), InMemoryVerdictCache()
         return
     path = _checkpoint_path(checkpoint)
     # Threads of the fan-out share the connection; SqliteSaver serialises access.
     conn = sqlite3.connect(path, check_same_thread=False)
     try:
-        yield SqliteSaver(conn), SqliteCache(path=str(path))
+        yield SqliteSaver(conn), SQLiteVerdictCache(path, table=ANSWERS_TABLE)
     finally:
         conn.close()
 
@@ -125,14 +129,14 @@ def _persistence(
 @asynccontextmanager
 async def _apersistence(
     checkpoint: Checkpoint,
-) -> AsyncIterator[tuple[BaseCheckpointSaver[Any], SqliteCache[Any] | None]]:
+) -> AsyncIterator[tuple[BaseCheckpointSaver[Any], VerdictCache]]:
     if isinstance(checkpoint, BaseCheckpointSaver) or checkpoint is None:
         with _persistence(checkpoint) as pair:
             yield pair
         return
     path = _checkpoint_path(checkpoint)
     async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
-        yield saver, SqliteCache(path=str(path))
+        yield saver, SQLiteVerdictCache(path, table=ANSWERS_TABLE)
 
 
 def _checkpoint_path(checkpoint: str | Path) -> Path:
@@ -212,7 +216,8 @@ def extract_rules(
         skip_phases: Ablations: phases 1-5 to skip.
         checkpoint: A SQLite path, a LangGraph checkpointer, None for no
             persistence, or "default" (`.langchain-tag/extraction.sqlite`). With a
-            path, unchanged sections are also served from the node cache there.
+            path, the model's answers are kept there too: a killed run resumes
+            without asking again, and unchanged sections are never sent again.
         thread_id: The run to create or resume; default derived from the
             documents, domain, model and settings, so re-running the same call
             resumes an interrupted run (and returns a finished one at once).
@@ -229,8 +234,9 @@ def extract_rules(
     docs, run_settings = _prepare(documents, llm, skip_phases, settings)
     run_key = run_id_for(docs, domain, run_settings)
     config = _config(thread_id or run_key, max_concurrency, callbacks)
-    with _persistence(checkpoint) as (saver, cache):
-        graph = build_extraction_graph(checkpointer=saver, cache=cache, retry=retry)
+    with _persistence(checkpoint) as (saver, answers):
+        run_settings = replace(run_settings, answers=run_settings.answers or answers)
+        graph = build_extraction_graph(checkpointer=saver, retry=retry)
         snapshot = graph.get_state(config)
         if _finished(snapshot.values, run_key):
             return _finish(snapshot.values)
@@ -261,8 +267,9 @@ async def aextract_rules(
     docs, run_settings = _prepare(documents, llm, skip_phases, settings)
     run_key = run_id_for(docs, domain, run_settings)
     config = _config(thread_id or run_key, max_concurrency, callbacks)
-    async with _apersistence(checkpoint) as (saver, cache):
-        graph = build_extraction_graph(checkpointer=saver, cache=cache, retry=retry)
+    async with _apersistence(checkpoint) as (saver, answers):
+        run_settings = replace(run_settings, answers=run_settings.answers or answers)
+        graph = build_extraction_graph(checkpointer=saver, retry=retry)
         snapshot = await graph.aget_state(config)
         if _finished(snapshot.values, run_key):
             return _finish(snapshot.values)

@@ -7,12 +7,13 @@
 Starred nodes are LLM calls, fanned out with `Send` (one per section, batch of units,
 or group of rules sharing a tag). They return the model's raw text only; the plan
 nodes after them validate it against the current sections. That split is what makes
-the node cache safe: an LLM node's cache key is its prompt (plus model and settings),
-so an unchanged section is never sent again, while offsets are always recomputed
-from the documents as they are now.
+answers reusable: an answer is stored under its prompt (plus model and settings) the
+moment it arrives, so an unchanged section is never sent again, while offsets are
+always recomputed from the documents as they are now.
 
-Run under a checkpointer, a killed run resumes where it stopped: LangGraph stores
-each finished task's writes, so finished LLM calls are not repeated.
+Run under a checkpointer with a durable answer store (`extract_rules` keeps both in
+one SQLite file), a killed run resumes where it stopped without repeating any LLM
+call that had finished.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Annotated, Any, NotRequired, TypedDict
 
@@ -32,15 +33,15 @@ from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig, RunnableLambda
-from langgraph.cache.base import BaseCache
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import get_runtime
-from langgraph.types import CachePolicy, Overwrite, Send
+from langgraph.types import Overwrite, Send
 from langgraph.types import RetryPolicy as GraphRetryPolicy
 
 from langchain_tag import prompts
+from langchain_tag.cache import VerdictCache
 from langchain_tag.extraction import phases
 from langchain_tag.extraction.phases import (
     AtomicRecord,
@@ -104,8 +105,10 @@ class ExtractionSettings:
     faithfulness_mode: FaithfulnessMode = "corrected"
     faithfulness_threshold: float = 0.85
     min_coverage_overlap: float = 0.5
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    """Free-form settings recorded in the report."""
+    answers: VerdictCache | None = None
+    """Model answers kept by prompt. A SQLite store makes each answer durable the
+    moment it arrives: a killed run resumes without asking again, and a re-run after
+    an edit only sends the changed sections' prompts."""
 
     def key(self) -> str:
         """What, besides the prompt, decides an LLM node's output (for its cache)."""
@@ -217,15 +220,16 @@ LLM_NODES_BY_PREFIX = {
 }
 
 
-def _answer(request: ModelRequest, answer: Any) -> dict[str, Any]:
+def _answered(request: ModelRequest, text: str, answer: Any = None) -> dict[str, Any]:
+    """The node's writes; `answer` is the model's message, None for a stored answer."""
     usage = getattr(answer, "usage_metadata", None) or {}
     return {
-        "raw": {request["key"]: answer.text},
-        # Keyed by request, so a task replayed from the node cache is counted once.
+        "raw": {request["key"]: text},
         "usage": {
             request["key"]: [
                 usage.get("input_tokens", 0),
                 usage.get("output_tokens", 0),
+                int(answer is not None),
             ]
         },
     }
@@ -234,14 +238,30 @@ def _answer(request: ModelRequest, answer: Any) -> dict[str, Any]:
 # --- the LLM nodes (raw text only) ----------------------------------------------------
 
 
+# The answer is stored before the node returns: LangGraph saves a finished task's
+# writes only when its thread pool gets to it, which can be after a crash.
 def _call(request: ModelRequest, config: RunnableConfig) -> dict[str, Any]:
+    settings = _settings()
+    store, key = settings.answers, request["cache_key"]
+    if store is not None and (stored := store.lookup(key)) is not None:
+        return _answered(request, stored)
     messages = [SystemMessage(request["system"]), HumanMessage(request["user"])]
-    return _answer(request, _model(_settings()).invoke(messages, config))
+    answer = _model(settings).invoke(messages, config)
+    if store is not None:
+        store.update(key, answer.text)
+    return _answered(request, answer.text, answer)
 
 
 async def _acall(request: ModelRequest, config: RunnableConfig) -> dict[str, Any]:
+    settings = _settings()
+    store, key = settings.answers, request["cache_key"]
+    if store is not None and (stored := await store.alookup(key)) is not None:
+        return _answered(request, stored)
     messages = [SystemMessage(request["system"]), HumanMessage(request["user"])]
-    return _answer(request, await _model(_settings()).ainvoke(messages, config))
+    answer = await _model(settings).ainvoke(messages, config)
+    if store is not None:
+        await store.aupdate(key, answer.text)
+    return _answered(request, answer.text, answer)
 
 
 # --- prepare -----------------------------------------------------------------------
@@ -584,37 +604,68 @@ def _documents_text(state: ExtractionState) -> dict[str, str]:
     }
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=256)
 def _checker(
     document: str, mode: FaithfulnessMode, threshold: float
 ) -> FaithfulnessChecker:
     return FaithfulnessChecker(document, mode=mode, threshold=threshold)
 
 
+def _span_sections(state: ExtractionState) -> dict[str, Section]:
+    sections = {s.section_id: s for s in _sections(state)}
+    return {span.span_id: sections[span.section_id] for span in _spans(state)}
+
+
+def _own_regions(
+    rule: Mapping[str, Any],
+    span_sections: Mapping[str, Section],
+) -> list[tuple[str, int, int]]:
+    """The sections a rule came from: where its source text must be found."""
+    sections = {
+        span_sections[s].section_id: span_sections[s]
+        for s in rule["span_ids"]
+        if s in span_sections
+    }
+    return [(s.document_id, s.start, s.end) for s in sections.values()]
+
+
 def _faithful(
     rules: Sequence[dict[str, Any]],
     texts: Mapping[str, str],
+    span_sections: Mapping[str, Section],
     settings: ExtractionSettings,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Keep the rules whose source text is in (or close to) their own sections.
+
+    Searching only the rule's sections, not the whole document, gives a repeated
+    sentence its own offsets and rejects a source quoted from somewhere else.
+    """
     kept, removed = [], []
     for rule in rules:
-        checker = _checker(
-            texts[rule["document_id"]],
-            settings.faithfulness_mode,
-            settings.faithfulness_threshold,
-        )
-        result = checker.check(rule["source_text"])
-        if result.faithful:
-            kept.append(
-                {**rule, "source_start": result.start if result.exact else None}
+        best = None
+        for document_id, start, end in _own_regions(rule, span_sections):
+            checker = _checker(
+                texts[document_id][start:end],
+                settings.faithfulness_mode,
+                settings.faithfulness_threshold,
             )
+            result = checker.check(rule["source_text"])
+            if best is None or result.score > best[1].score:
+                best = (document_id, result, start)
+            if result.faithful:
+                break
+        if best is not None and best[1].faithful:
+            document_id, result, offset = best
+            begin = offset + (result.start or 0)
+            end = min(begin + len(rule["source_text"]), len(texts[document_id]))
+            kept.append({**rule, "document_id": document_id, "source": [begin, end]})
         else:
             removed.append(
                 {
                     "draft_id": rule["draft_id"],
                     "name": rule["name"],
                     "source_text": rule["source_text"][:200],
-                    "best_ratio": round(result.score, 3),
+                    "best_ratio": 0.0 if best is None else round(best[1].score, 3),
                 }
             )
     return kept, removed
@@ -625,20 +676,20 @@ def _uncovered(
 ) -> list[SpanRecord]:
     """Spans no surviving rule's source covers, per document.
 
-    A rule covers where its source text was found, and the spans of its lineage: a
-    merged duplicate's span is covered by the rule it was merged into.
+    A rule covers where its source text was found, and the spans of its lineage (in
+    their own documents): a merged duplicate's span is covered by the rule it was
+    merged into.
     """
     located: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    span_positions = {s.span_id: (s.start, s.end) for s in spans}
+    by_id = {s.span_id: s for s in spans}
     for rule in rules:
-        start = rule.get("source_start")
-        if start is not None:
-            located[rule["document_id"]].append(
-                (start, start + len(rule["source_text"]))
-            )
-        located[rule["document_id"]] += [
-            span_positions[s] for s in rule["span_ids"] if s in span_positions
-        ]
+        if rule.get("source") is not None:
+            begin, end = rule["source"]
+            located[rule["document_id"]].append((begin, end))
+        for span_id in rule["span_ids"]:
+            if span_id in by_id:
+                span = by_id[span_id]
+                located[span.document_id].append((span.start, span.end))
     missing = []
     for document_id, doc_spans in _group_by_document(spans).items():
         indices = coverage(
@@ -673,7 +724,9 @@ def verify(state: ExtractionState) -> dict[str, Any]:
     }
     if VERIFICATION in settings.skip_phases:
         return {"verified": merged, "uncovered": [], "tallies": tallies}
-    kept, removed = _faithful(merged, _documents_text(state), settings)
+    kept, removed = _faithful(
+        merged, _documents_text(state), _span_sections(state), settings
+    )
     uncovered = _uncovered(kept, _spans(state), settings.min_coverage_overlap)
     tallies["verify"] = {"unfaithful_removed": len(removed)}
     return {
@@ -746,17 +799,17 @@ def _to_rule(
     ids: Mapping[str, str],
     spans: Mapping[str, SpanRecord],
 ) -> Rule:
-    start = rule.get("source_start")
+    # Verified rules carry where their source was found; unverified ones (phase 5
+    # skipped) point at the span they were extracted from.
     first_span = spans.get(rule["span_ids"][0]) if rule["span_ids"] else None
-    if start is not None:
-        source = SourceSpan(
-            document_id=rule["document_id"],
-            start=start,
-            end=start + len(rule["source_text"]),
-        )
+    if rule.get("source") is not None:
+        begin, end = rule["source"]
+        source = SourceSpan(document_id=rule["document_id"], start=begin, end=end)
     elif first_span is not None:
         source = SourceSpan(
-            document_id=rule["document_id"], start=first_span.start, end=first_span.end
+            document_id=first_span.document_id,
+            start=first_span.start,
+            end=first_span.end,
         )
     else:
         source = None
@@ -811,7 +864,9 @@ def finalize(state: ExtractionState) -> dict[str, Any]:
     removed = list(state.get("removed", []))
     still_uncovered: list[SpanRecord] = []
     if VERIFICATION not in settings.skip_phases:
-        kept, lost = _faithful(recovered, _documents_text(state), settings)
+        kept, lost = _faithful(
+            recovered, _documents_text(state), _span_sections(state), settings
+        )
         rules += kept
         removed += lost
         tally["recovered_faithful"] = len(kept)
@@ -853,10 +908,12 @@ def _report(
     tallies = {**state.get("tallies", {}), "recovery": dict(recovery_tally)}
     drafts = _drafts(state)
     calls: Counter[str] = Counter()
+    stored: Counter[str] = Counter()
     tokens: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for key, (tokens_in, tokens_out) in state.get("usage", {}).items():
+    for key, (tokens_in, tokens_out, called) in state.get("usage", {}).items():
         phase = LLM_NODES_BY_PREFIX[key.split(":", 1)[0]]
-        calls[phase] += 1
+        calls[phase] += called
+        stored[phase] += 1 - called
         tokens[phase][0] += tokens_in
         tokens[phase][1] += tokens_out
     numbers = {name: number for number, name in PHASE_NAMES.items()}
@@ -867,6 +924,7 @@ def _report(
         items_out = counts.pop("kept", 0)
         phase_reports[name] = PhaseReport(
             calls=calls[name],
+            stored_answers=stored[name],
             input_tokens=tokens[name][0],
             output_tokens=tokens[name][1],
             items_out=len(final) if name == "verify" else items_out,
@@ -914,7 +972,6 @@ def _report(
 def build_extraction_graph(
     *,
     checkpointer: BaseCheckpointSaver[Any] | None = None,
-    cache: BaseCache[Any] | None = None,
     retry: RetryPolicy | None = None,
 ) -> CompiledStateGraph[
     ExtractionState, ExtractionSettings, ExtractionInput, ExtractionOutput
@@ -923,8 +980,6 @@ def build_extraction_graph(
 
     Args:
         checkpointer: Makes runs resumable (e.g. `SqliteSaver`); None for none.
-        cache: Node cache for the LLM nodes (e.g. `SqliteCache`): unchanged sections
-            are not sent again when documents are re-extracted.
         retry: Backoff for transient model errors on the LLM nodes.
     """
     retry = retry or RetryPolicy()
@@ -933,9 +988,10 @@ def build_extraction_graph(
         backoff_factor=retry.backoff,
         max_interval=retry.max_delay,
         max_attempts=retry.max_attempts,
+        # LangGraph's jitter adds up to a second to every wait, whatever the policy.
+        jitter=False,
         retry_on=retry.is_transient,
     )
-    cache_policy = CachePolicy(key_func=lambda request: request["cache_key"])
     builder = StateGraph(
         ExtractionState,
         context_schema=ExtractionSettings,
@@ -948,7 +1004,6 @@ def build_extraction_graph(
             name,
             RunnableLambda(_call, afunc=_acall, name=name),
             retry_policy=node_retry,
-            cache_policy=cache_policy,
             input_schema=ModelRequest,
         )
     builder.add_node("plan_atomics", plan_atomics)
@@ -975,6 +1030,4 @@ def build_extraction_graph(
     builder.add_conditional_edges("verify", to_recovery, ["recover_rules", "finalize"])
     builder.add_edge("recover_rules", "finalize")
     builder.add_edge("finalize", END)
-    return builder.compile(
-        checkpointer=checkpointer, cache=cache, name="tag_extraction"
-    )
+    return builder.compile(checkpointer=checkpointer, name="tag_extraction")

@@ -13,7 +13,10 @@ from pydantic import BaseModel, Field
 class PhaseReport(BaseModel):
     """Counts for one phase."""
 
-    calls: int = Field(default=0, description="LLM calls made by this invocation.")
+    calls: int = Field(default=0, description="LLM calls made for this run.")
+    stored_answers: int = Field(
+        default=0, description="Answers reused from the answer store instead."
+    )
     input_tokens: int = 0
     output_tokens: int = 0
     items_out: int = 0
@@ -62,7 +65,10 @@ class ExtractionReport(BaseModel):
 
     def format(self) -> str:
         """A plain-text summary for terminals and logs."""
-        header = f"{'phase':<12}{'calls':>7}{'in tok':>9}{'out tok':>9}{'items':>8}"
+        header = (
+            f"{'phase':<12}{'calls':>7}{'reused':>8}{'in tok':>9}{'out tok':>9}"
+            f"{'items':>8}"
+        )
         lines = [
             (
                 f"Extraction report ({self.domain}): {self.rules} rules from "
@@ -77,7 +83,8 @@ class ExtractionReport(BaseModel):
             if phase.skipped:
                 problems = "skipped" + (f"; {problems}" if problems else "")
             lines.append(
-                f"{name:<12}{phase.calls:>7}{phase.input_tokens:>9}"
+                f"{name:<12}{phase.calls:>7}{phase.stored_answers:>8}"
+                f"{phase.input_tokens:>9}"
                 f"{phase.output_tokens:>9}{phase.items_out:>8}  {problems or '-'}"
             )
         relations = ", ".join(f"{k}={v}" for k, v in sorted(self.relations.items()))

@@ -23,9 +23,10 @@ shorter. "corrected" mode, the default, also tries windows of length `len(src)` 
 the same starts, and windows anchored where rapidfuzz finds the best alignment of the
 source (see `_aligned_windows`).
 
-Both modes keep autojunk. On a window of 200 characters or more it makes frequent
-characters (spaces, common letters) junk, and a long source with a couple of edits
-can then score far below the threshold, in either mode.
+Literal mode keeps difflib's `autojunk=True`. On a window of 200 characters or more it
+makes frequent characters (spaces, common letters) junk, and a long source with a
+couple of edits can then score far below the threshold. Corrected mode turns autojunk
+off, so a lightly edited long source is judged by what it shares with the text.
 
 Both modes have two implementations that make the same decisions:
 
@@ -68,8 +69,10 @@ WINDOW_SLACK = 50
 STRIDE = 50
 """Distance between consecutive window starts."""
 
-_BOUND_TOLERANCE = 1e-9
-"""Slack for rapidfuzz's float arithmetic when pruning by the upper bound."""
+_BOUND_TOLERANCE = 1e-5
+"""Slack when pruning by the upper bound: rapidfuzz applies `score_cutoff` with less
+than double precision (a window whose bound equals the threshold to 1e-9 was cut
+with a 1e-9 slack), so the slack is far above any rounding."""
 
 _MODES = ("corrected", "literal")
 _METHODS = ("fast", "reference")
@@ -232,7 +235,7 @@ class FaithfulnessChecker:
         survivors.sort(key=lambda found: (-found[1], found[2]))
         best, best_start = 0.0, None
         for text, _bound, index in survivors:
-            ratio = difflib.SequenceMatcher(None, source_text, text).ratio()
+            ratio = _ratio(source_text, text, self.mode)
             if best_start is None or ratio > best:
                 best, best_start = ratio, windows[index][0]
             if ratio > self.threshold:
@@ -240,6 +243,14 @@ class FaithfulnessChecker:
         return FaithfulnessResult(
             faithful=best > self.threshold, score=best, exact=False, start=best_start
         )
+
+
+def _ratio(source_text: str, window: str, mode: FaithfulnessMode) -> float:
+    # The Indel bound holds either way: autojunk only ever removes matches.
+    matcher = difflib.SequenceMatcher(
+        None, source_text, window, autojunk=mode == "literal"
+    )
+    return matcher.ratio()
 
 
 def _reference_check(
@@ -259,7 +270,7 @@ def _reference_check(
         windows += _aligned_windows(source_text, document, threshold)
     best, best_start = 0.0, None
     for start, end in windows:
-        ratio = difflib.SequenceMatcher(None, source_text, document[start:end]).ratio()
+        ratio = _ratio(source_text, document[start:end], mode)
         if best_start is None or ratio > best:
             best, best_start = ratio, start
     return FaithfulnessResult(
@@ -292,7 +303,7 @@ def _aligned_windows(source_text: str, document: str, threshold: float) -> list[
             threshold / (2.0 - threshold),
             threshold - WINDOW_SLACK * (2.0 - threshold) / (2.0 * size),
         )
-        cutoff = max(0.0, 100.0 * (c - 1e-6))  # rapidfuzz scores are percentages
+        cutoff = max(0.0, 100.0 * (c - _BOUND_TOLERANCE))  # rapidfuzz uses percentages
     alignment = fuzz.partial_ratio_alignment(
         source_text, document, processor=None, score_cutoff=cutoff
     )

@@ -1,0 +1,479 @@
+"""Fake-driven extraction of PEP 8 and of the NBA CBA end to end.
+
+Wall time, LLM calls per phase, and the peak memory. Each document (`pep8/pep-0008.rst`,
+`rulearena_nba/reference_rules.txt`) goes through `extract_rules` with
+`ExtractionFakeChatModel`, which answers every phase from the prompt at once (or after
+`--latency` seconds a call, to simulate a model). So the figures are the pipeline's own
+cost: sectioning, the LangGraph fan-out, validation of every output, phase 4's tag
+groups, phase-5 faithfulness and coverage, and, with a checkpoint, SQLite persistence
+and the node cache.
+
+Per document it runs:
+
+- without a checkpoint (`checkpoint=None`), and with a SQLite checkpoint in a temp
+  directory, to show the checkpoint's overhead; the wall time is the best of
+  `--repeats` runs (a fresh SQLite file for each), and one more run of each under
+  `tracemalloc` gives the peak of Python allocations;
+- again on the same checkpoint file, unchanged: the finished run is returned;
+- again on the same checkpoint file after a one-word edit inside one rule's source
+  text: only the prompts that involve the changed section reach the model.
+
+For each it prints the wall time, the rules, the LLM calls and tokens per phase (from
+the extraction report, and the calls the model actually received), and the process's
+maximum resident set size (ru_maxrss) so far.
+
+Run from the repository root:
+
+    python benchmarks/bench_extraction.py [--data-dir DIR] [--latency L] [--json PATH]
+
+The data directory is `--data-dir`, else `$TAG_DATA_DIR`, else `../shared/data`
+beside the repository. The exit status is 2 if a document is missing, 1 if a run's
+rules are not all faithful or differ between configurations, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from langchain_core.documents import Document
+
+from langchain_tag import prompts
+from langchain_tag.extraction import Checkpoint, ExtractionReport, extract_rules
+from langchain_tag.rules import Rulebook
+from langchain_tag.testing import ExtractionFakeChatModel
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = (
+    ("pep8", Path("pep8") / "pep-0008.rst", "Python code style"),
+    ("nba", Path("rulearena_nba") / "reference_rules.txt", "NBA salary cap"),
+)
+PHASES = ("spans", "atomics", "rules", "relations", "recovery")
+PHASE_MARKERS = {
+    "spans": prompts.SPAN_DETECTION_SYSTEM.split("{domain}")[0],
+    "atomics": prompts.DECOMPOSITION_SYSTEM.split("{domain}")[0],
+    "rules": prompts.OPERATIONALISATION_SYSTEM.split("{domain}")[0],
+    "relations": prompts.RELATIONS_SYSTEM.split("{domain}")[0],
+}
+"""Opening words of each phase's system prompt; recovery sends phase-3 prompts."""
+MIB = 1024 * 1024
+
+
+@dataclass
+class Run:
+    """One extraction run and what it cost."""
+
+    label: str
+    seconds: float
+    rules: int
+    model_calls: int
+    """Calls the model received in this run."""
+    model_calls_by_prompt: dict[str, int]
+    """The same, by the phase of the prompt (phase-3 prompts include recovery)."""
+    report_calls: dict[str, int]
+    input_tokens: dict[str, int]
+    output_tokens: dict[str, int]
+    items_out: dict[str, int]
+    problems: dict[str, dict[str, int]]
+    faithfulness: float
+    coverage: float
+    traced_peak_mib: float | None = None
+    maxrss_mib: float | None = None
+    all_times: list[float] = field(default_factory=list)
+
+
+def resolve_data_dir(option: Path | None) -> Path:
+    """`--data-dir`, else `$TAG_DATA_DIR`, else `../shared/data` beside the repo.
+
+    Args:
+        option: The `--data-dir` value, if given.
+
+    Returns:
+        The directory (it may not exist).
+    """
+    if option is not None:
+        return option
+    configured = os.environ.get("TAG_DATA_DIR")
+    return Path(configured) if configured else REPO_ROOT.parent / "shared" / "data"
+
+
+def maxrss_mib() -> float | None:
+    """The process's maximum resident set size so far, in MiB (None on Windows)."""
+    try:
+        import resource  # noqa: PLC0415 - not on Windows
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Kilobytes on Linux, bytes on macOS.
+    return peak / MIB if sys.platform == "darwin" else peak / 1024
+
+
+def prompt_phase(prompt: str) -> str:
+    """The phase a prompt belongs to, by its system prompt."""
+    return next((n for n, m in PHASE_MARKERS.items() if m in prompt), "other")
+
+
+def extract(
+    doc: Document,
+    domain: str,
+    *,
+    latency: float,
+    checkpoint: Checkpoint,
+    max_concurrency: int,
+    trace: bool = False,
+) -> tuple[Rulebook, ExtractionFakeChatModel, float, float | None]:
+    """One run; returns the rulebook, the fake, the seconds and the traced peak."""
+    fake = ExtractionFakeChatModel(latency=latency)
+    if trace:
+        tracemalloc.start()
+        tracemalloc.reset_peak()
+    started = time.perf_counter()
+    try:
+        rulebook = extract_rules(
+            [doc],
+            llm=fake,
+            domain=domain,
+            checkpoint=checkpoint,
+            max_concurrency=max_concurrency,
+        )
+    finally:
+        seconds = time.perf_counter() - started
+        peak = None
+        if trace:
+            peak = tracemalloc.get_traced_memory()[1] / MIB
+            tracemalloc.stop()
+    return rulebook, fake, seconds, peak
+
+
+def figures(
+    label: str, rulebook: Rulebook, fake: ExtractionFakeChatModel, seconds: float
+) -> Run:
+    """What one run did, from its report and from the calls the fake received."""
+    report = ExtractionReport.model_validate(rulebook.diagnostics)
+    by_prompt = Counter(prompt_phase(p) for p in fake.prompts)
+    return Run(
+        label=label,
+        seconds=seconds,
+        rules=len(rulebook),
+        model_calls=fake.calls,
+        model_calls_by_prompt={n: by_prompt.get(n, 0) for n in PHASE_MARKERS},
+        report_calls={n: report.phases[n].calls for n in PHASES},
+        input_tokens={n: report.phases[n].input_tokens for n in PHASES},
+        output_tokens={n: report.phases[n].output_tokens for n in PHASES},
+        items_out={n: p.items_out for n, p in report.phases.items()},
+        problems={n: dict(p.problems) for n, p in report.phases.items() if p.problems},
+        faithfulness=report.faithfulness,
+        coverage=report.coverage,
+        maxrss_mib=maxrss_mib(),
+    )
+
+
+def unfaithful(rulebook: Rulebook, text: str) -> int:
+    """Rules whose source text is not at their source offsets, verbatim."""
+    return sum(
+        rule.source is None
+        or text[rule.source.start : rule.source.end] != rule.source_text
+        for rule in rulebook.rules
+    )
+
+
+def one_edit(text: str, rulebook: Rulebook) -> tuple[str, str]:
+    """The text with one word of the middle rule's source text upper-cased.
+
+    Returns:
+        The edited text, and a description of the edit.
+    """
+    rules = [r for r in rulebook.rules if r.source is not None]
+    for rule in rules[len(rules) // 2 :] + rules[: len(rules) // 2]:
+        if rule.source is None:
+            continue
+        found = re.search(r"\b[a-z]{5,}\b", rule.source_text)
+        if found:
+            at = rule.source.start + found.start()
+            word = found.group(0)
+            edited = text[:at] + word.upper() + text[at + len(word) :]
+            return (
+                edited,
+                f"{word!r} -> {word.upper()!r} at offset {at} ({rule.rule_id})",
+            )
+    msg = "no rule source with a lowercase word to edit"
+    raise ValueError(msg)
+
+
+def timed_best(
+    doc: Document,
+    domain: str,
+    args: argparse.Namespace,
+    label: str,
+    checkpoints: Sequence[Checkpoint],
+) -> tuple[Run, Rulebook]:
+    """Best of len(checkpoints) runs (one checkpoint each), plus one traced run."""
+    best: tuple[float, Rulebook, ExtractionFakeChatModel] | None = None
+    times = []
+    for checkpoint in checkpoints[:-1]:
+        rulebook, fake, seconds, _ = extract(
+            doc,
+            domain,
+            latency=args.latency,
+            checkpoint=checkpoint,
+            max_concurrency=args.max_concurrency,
+        )
+        times.append(seconds)
+        if best is None or seconds < best[0]:
+            best = (seconds, rulebook, fake)
+    traced, _, _, peak = extract(
+        doc,
+        domain,
+        latency=args.latency,
+        checkpoint=checkpoints[-1],
+        max_concurrency=args.max_concurrency,
+        trace=True,
+    )
+    if best is None:
+        msg = "no timed run"
+        raise ValueError(msg)
+    run = figures(label, best[1], best[2], best[0])
+    run.traced_peak_mib = peak
+    run.all_times = times
+    if traced.rules != best[1].rules:
+        run.problems["benchmark"] = {"traced_run_differs": 1}
+    return run, best[1]
+
+
+def print_run(run: Run) -> None:
+    """One run's figures."""
+    memory = []
+    if run.traced_peak_mib is not None:
+        memory.append(f"tracemalloc peak {run.traced_peak_mib:.1f} MiB")
+    if run.maxrss_mib is not None:
+        memory.append(f"process max RSS so far {run.maxrss_mib:.0f} MiB")
+    times = (
+        f" (best of {len(run.all_times)}: "
+        + ", ".join(f"{t:.3f}" for t in run.all_times)
+        + ")"
+        if len(run.all_times) > 1
+        else ""
+    )
+    print(f"  {run.label}: {run.seconds:.3f} s{times}, {run.rules} rules")
+    print(
+        f"    model calls received: {run.model_calls} "
+        f"({', '.join(f'{n} {c}' for n, c in run.model_calls_by_prompt.items())}; "
+        "recovery prompts count as rules)"
+    )
+    if memory:
+        print("    " + "; ".join(memory))
+    print(f"    {'phase':<10}{'calls':>7}{'in tok':>10}{'out tok':>10}{'items':>8}")
+    for name in PHASES:
+        print(
+            f"    {name:<10}{run.report_calls[name]:>7}{run.input_tokens[name]:>10}"
+            f"{run.output_tokens[name]:>10}{run.items_out[name]:>8}"
+        )
+    print(
+        f"    (report) total calls {sum(run.report_calls.values())}, verified rules "
+        f"{run.items_out['verify']}, faithfulness {run.faithfulness:.3f}, "
+        f"coverage {run.coverage:.3f}"
+    )
+    if run.problems:
+        listed = "; ".join(
+            f"{phase}: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+            for phase, counts in run.problems.items()
+        )
+        print(f"    problems: {listed}")
+
+
+def bench_document(
+    name: str, path: Path, domain: str, args: argparse.Namespace, workdir: Path
+) -> tuple[dict[str, Any], bool]:
+    """All runs of one document; returns its figures and whether all checks held."""
+    text = path.read_text(encoding="utf-8")
+    doc = Document(page_content=text, metadata={"source": str(path.name)})
+    print(f"\n{name}: {path} ({len(text):,} characters), domain {domain!r}")
+    ok = True
+
+    plain, plain_rules = timed_best(
+        doc, domain, args, "no checkpoint", [None] * (args.repeats + 1)
+    )
+    print_run(plain)
+    databases = [workdir / f"{name}-{n}.sqlite" for n in range(args.repeats + 1)]
+    sqlite, sqlite_rules = timed_best(doc, domain, args, "SQLite checkpoint", databases)
+    print_run(sqlite)
+    overhead = sqlite.seconds / plain.seconds if plain.seconds else float("nan")
+    print(
+        f"  checkpoint overhead: {sqlite.seconds - plain.seconds:+.3f} s "
+        f"({overhead:.2f}x the run without); database "
+        f"{databases[0].stat().st_size / MIB:.1f} MiB"
+    )
+
+    rulebook, fake, seconds, _ = extract(
+        doc,
+        domain,
+        latency=args.latency,
+        checkpoint=databases[0],
+        max_concurrency=args.max_concurrency,
+    )
+    unchanged = figures("re-run, unchanged (finished run)", rulebook, fake, seconds)
+    print_run(unchanged)
+
+    edited_text, edit = one_edit(text, plain_rules)
+    edited_doc = Document(page_content=edited_text, metadata=doc.metadata)
+    print(f"  one edit: {edit}")
+    edited_rules, fake, seconds, _ = extract(
+        edited_doc,
+        domain,
+        latency=args.latency,
+        checkpoint=databases[0],
+        max_concurrency=args.max_concurrency,
+    )
+    edited = figures("re-run after one edit (node cache)", edited_rules, fake, seconds)
+    print_run(edited)
+    print(
+        f"    the report counts {sum(edited.report_calls.values())} calls: answers "
+        f"replayed from the node cache are counted; the model received "
+        f"{edited.model_calls}"
+    )
+
+    checks = {
+        "faithful (no checkpoint)": unfaithful(plain_rules, text) == 0,
+        "faithful (after the edit)": unfaithful(edited_rules, edited_text) == 0,
+        "same rules with and without a checkpoint": plain_rules.rules
+        == sqlite_rules.rules,
+        "unchanged re-run returns the same rules": rulebook.rules == plain_rules.rules,
+        "unchanged re-run makes no call": unchanged.model_calls == 0,
+        "the edit re-sends fewer calls": edited.model_calls < plain.model_calls,
+    }
+    for label, held in checks.items():
+        print(f"  check: {label}: {'ok' if held else 'FAILED'}")
+        ok = ok and held
+    return {
+        "document": str(path),
+        "characters": len(text),
+        "domain": domain,
+        "edit": edit,
+        "runs": [asdict(r) for r in (plain, sqlite, unchanged, edited)],
+        "checkpoint_overhead_seconds": sqlite.seconds - plain.seconds,
+        "checkpoint_bytes": databases[0].stat().st_size,
+        "checks": checks,
+    }, ok
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Read the command line.
+
+    Args:
+        argv: Arguments; `sys.argv[1:]` when None.
+
+    Returns:
+        The parsed options.
+    """
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help="the shared data directory (default: $TAG_DATA_DIR, else "
+        "../shared/data beside the repository)",
+    )
+    parser.add_argument(
+        "--latency",
+        type=float,
+        default=0.0,
+        metavar="L",
+        help="seconds each fake model call takes, to simulate a model (default 0)",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=8,
+        help="LLM calls in flight at most (default 8, as extract_rules)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed runs of each configuration; the best is reported (default 3)",
+    )
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write the figures as JSON"
+    )
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    if args.latency < 0:
+        parser.error("--latency must not be negative")
+    if args.max_concurrency < 1:
+        parser.error("--max-concurrency must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the report.
+
+    Args:
+        argv: Command-line arguments; `sys.argv[1:]` when None.
+
+    Returns:
+        The exit status: 2 if a document is missing, 1 if a check failed, else 0.
+    """
+    args = parse_args(argv)
+    data_dir = resolve_data_dir(args.data_dir)
+    missing = [
+        data_dir / rel for _, rel, _ in DOCUMENTS if not (data_dir / rel).is_file()
+    ]
+    if missing:
+        print(
+            f"error: {', '.join(map(str, missing))} not found. Pass --data-dir DIR or "
+            "set TAG_DATA_DIR to the shared data directory.",
+            file=sys.stderr,
+        )
+        return 2
+    print(
+        "Fake-driven extraction benchmark: "
+        f"latency {args.latency} s a call, max_concurrency {args.max_concurrency}, "
+        f"best of {args.repeats}; Python {platform.python_version()} on "
+        f"{platform.machine()} ({os.cpu_count()} CPUs)"
+    )
+    print(f"process max RSS before any run: {maxrss_mib() or float('nan'):.0f} MiB")
+    results = []
+    all_ok = True
+    with tempfile.TemporaryDirectory(prefix="bench-extraction-") as workdir:
+        for name, rel, domain in DOCUMENTS:
+            result, ok = bench_document(
+                name, data_dir / rel, domain, args, Path(workdir)
+            )
+            results.append(result)
+            all_ok = all_ok and ok
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "latency": args.latency,
+                    "max_concurrency": args.max_concurrency,
+                    "repeats": args.repeats,
+                    "python": platform.python_version(),
+                    "machine": platform.machine(),
+                    "cpus": os.cpu_count(),
+                    "documents": results,
+                },
+                indent=2,
+            )
+            + "\n",
+            encoding="utf-8",
+        )
+        print(f"\nwrote {args.json}")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
