@@ -6,7 +6,7 @@ Wall time, LLM calls per phase, and the peak memory. Each document (`pep8/pep-00
 `--latency` seconds a call, to simulate a model). So the figures are the pipeline's own
 cost: sectioning, the LangGraph fan-out, validation of every output, phase 4's tag
 groups, phase-5 faithfulness and coverage, and, with a checkpoint, SQLite persistence
-and the node cache.
+of the checkpoints and of every model answer.
 
 Per document it runs:
 
@@ -336,12 +336,13 @@ def bench_document(
         checkpoint=databases[0],
         max_concurrency=args.max_concurrency,
     )
-    edited = figures("re-run after one edit (node cache)", edited_rules, fake, seconds)
+    edited = figures(
+        "re-run after one edit (stored answers)", edited_rules, fake, seconds
+    )
     print_run(edited)
     print(
-        f"    the report counts {sum(edited.report_calls.values())} calls: answers "
-        f"replayed from the node cache are counted; the model received "
-        f"{edited.model_calls}"
+        f"    the report counts {sum(edited.report_calls.values())} calls; the model "
+        f"received {edited.model_calls}"
     )
 
     checks = {
