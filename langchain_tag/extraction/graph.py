@@ -24,14 +24,14 @@ import json
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Annotated, Any, NotRequired, TypedDict
 
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
@@ -314,25 +314,34 @@ def _sections(state: ExtractionState) -> list[Section]:
     return [Section.model_validate(s) for s in state.get("sections", [])]
 
 
+def _fan_out(
+    state: ExtractionState,
+    node: str,
+    requests: Iterable[tuple[str, list[BaseMessage]]],
+    otherwise: str,
+) -> list[Send] | str:
+    """One `Send` to `node` per (key, messages); `otherwise` when there is none."""
+    settings = _settings()
+    sends = [
+        Send(node, _request(key, messages, state, settings))
+        for key, messages in requests
+    ]
+    return sends or otherwise
+
+
+def _domain(state: ExtractionState) -> str:
+    return state.get("domain") or DEFAULT_DOMAIN
+
+
 def to_spans(state: ExtractionState) -> list[Send] | str:
     """One phase-1 call per section."""
-    settings = _settings()
-    if SPAN_DETECTION in settings.skip_phases:
+    if SPAN_DETECTION in _settings().skip_phases:
         return "plan_atomics"
-    domain = state.get("domain") or DEFAULT_DOMAIN
-    sends = [
-        Send(
-            "detect_spans",
-            _request(
-                f"spans:{s.section_id}",
-                phases.span_messages(s, domain),
-                state,
-                settings,
-            ),
-        )
+    requests = (
+        (f"spans:{s.section_id}", phases.span_messages(s, _domain(state)))
         for s in _sections(state)
-    ]
-    return sends or "plan_atomics"
+    )
+    return _fan_out(state, "detect_spans", requests, "plan_atomics")
 
 
 # --- the plan nodes: validate raw outputs, fan out the next phase ---------------------
@@ -368,23 +377,13 @@ def _spans(state: ExtractionState) -> list[SpanRecord]:
 
 def to_atomics(state: ExtractionState) -> list[Send] | str:
     """One phase-2 call per section with spans."""
-    settings = _settings()
-    if DECOMPOSITION in settings.skip_phases:
+    if DECOMPOSITION in _settings().skip_phases:
         return "plan_rules"
-    domain = state.get("domain") or DEFAULT_DOMAIN
-    sends = [
-        Send(
-            "decompose",
-            _request(
-                f"atomics:{section_id}",
-                phases.atomic_messages(spans, domain),
-                state,
-                settings,
-            ),
-        )
+    requests = (
+        (f"atomics:{section_id}", phases.atomic_messages(spans, _domain(state)))
         for section_id, spans in _by_section(_spans(state)).items()
-    ]
-    return sends or "plan_rules"
+    )
+    return _fan_out(state, "decompose", requests, "plan_rules")
 
 
 def plan_rules(state: ExtractionState) -> dict[str, Any]:
@@ -427,17 +426,11 @@ def to_rules(state: ExtractionState) -> list[Send] | str:
     settings = _settings()
     if OPERATIONALISATION in settings.skip_phases:
         return "plan_relations"
-    domain = state.get("domain") or DEFAULT_DOMAIN
-    sends = [
-        Send(
-            "operationalise",
-            _request(
-                f"rules:{key}", phases.rule_messages(batch, domain), state, settings
-            ),
-        )
+    requests = (
+        (f"rules:{key}", phases.rule_messages(batch, _domain(state)))
         for key, batch in _unit_batches(_atomics(state), settings.units_per_call)
-    ]
-    return sends or "plan_relations"
+    )
+    return _fan_out(state, "operationalise", requests, "plan_relations")
 
 
 def plan_relations(state: ExtractionState) -> dict[str, Any]:
@@ -507,20 +500,11 @@ def to_relations(state: ExtractionState) -> list[Send] | str:
     settings = _settings()
     if RELATIONS in settings.skip_phases:
         return "verify"
-    domain = state.get("domain") or DEFAULT_DOMAIN
-    sends = [
-        Send(
-            "compare_rules",
-            _request(
-                f"relations:{key}",
-                phases.relation_messages(group, domain),
-                state,
-                settings,
-            ),
-        )
+    requests = (
+        (f"relations:{key}", phases.relation_messages(group, _domain(state)))
         for key, group in tag_groups(_drafts(state), settings.rules_per_comparison)
-    ]
-    return sends or "verify"
+    )
+    return _fan_out(state, "compare_rules", requests, "verify")
 
 
 # --- phase 4 applied, phase 5 ---------------------------------------------------------
@@ -747,26 +731,14 @@ def _recovery_batches(state: ExtractionState) -> list[tuple[str, list[AtomicReco
 
 def to_recovery(state: ExtractionState) -> list[Send] | str:
     """Uncovered spans go back through phase 3 once."""
-    settings = _settings()
-    if (
-        OPERATIONALISATION in settings.skip_phases
-        or VERIFICATION in settings.skip_phases
-    ):
+    skipped = _settings().skip_phases
+    if OPERATIONALISATION in skipped or VERIFICATION in skipped:
         return "finalize"
-    domain = state.get("domain") or DEFAULT_DOMAIN
-    sends = [
-        Send(
-            "recover_rules",
-            _request(
-                f"recover:{section_id}",
-                phases.rule_messages(batch, domain),
-                state,
-                settings,
-            ),
-        )
+    requests = (
+        (f"recover:{section_id}", phases.rule_messages(batch, _domain(state)))
         for section_id, batch in _recovery_batches(state)
-    ]
-    return sends or "finalize"
+    )
+    return _fan_out(state, "recover_rules", requests, "finalize")
 
 
 # --- finalize ---------------------------------------------------------------------
@@ -888,7 +860,7 @@ def finalize(state: ExtractionState) -> dict[str, Any]:
     ]
     rulebook = {
         "format_version": FORMAT_VERSION,
-        "domain": state.get("domain") or DEFAULT_DOMAIN,
+        "domain": _domain(state),
         "rules": [r.model_dump(mode="json") for r in final],
         "documents": [d.model_dump(mode="json") for d in documents],
         "diagnostics": report.model_dump(mode="json"),
@@ -938,7 +910,7 @@ def _report(
     )
     uncovered_before = len(state.get("uncovered", []))
     return ExtractionReport(
-        domain=state.get("domain") or DEFAULT_DOMAIN,
+        domain=_domain(state),
         documents=len(state["documents"]),
         sections=len(state.get("sections", [])),
         phases=phase_reports,

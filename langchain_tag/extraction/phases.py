@@ -12,7 +12,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -22,7 +22,7 @@ from langchain_tag.extraction.sectioning import Section
 from langchain_tag.extraction.verification import locate_span
 from langchain_tag.rules import NormativeType, PreferredAction, Relationship
 
-Phase = Literal["spans", "atomics", "rules", "relations"]
+_T = TypeVar("_T")
 MAX_TAGS = 3
 
 
@@ -204,6 +204,22 @@ def _messages(system: str, user: str, domain: str) -> list[BaseMessage]:
     return [SystemMessage(system.format(domain=domain)), HumanMessage(user)]
 
 
+def _referenced(
+    local_id: str, by_local: dict[str, _T], what: str, tally: Counter[str]
+) -> _T | None:
+    """The record an output item refers to by its local id, counting repairs/drops.
+
+    With a single record in the prompt there is no doubt which one a wrong id meant.
+    """
+    record = by_local.get(local_id)
+    if record is None and len(by_local) == 1:
+        tally[f"repaired_{what}"] += 1
+        return next(iter(by_local.values()))
+    if record is None:
+        tally[f"dropped_unknown_{what}"] += 1
+    return record
+
+
 # --- phase 1 ----------------------------------------------------------------------
 
 
@@ -296,12 +312,8 @@ def read_atomics(
     records: list[AtomicRecord] = []
     covered: set[str] = set()
     for item in read_items(text, "atomic_units", AtomicItem, tally):
-        span = by_local.get(item.source_span_id)
-        if span is None and len(spans) == 1:
-            span = spans[0]  # a single statement leaves no doubt
-            tally["repaired_span_id"] += 1
+        span = _referenced(item.source_span_id, by_local, "span_id", tally)
         if span is None:
-            tally["dropped_unknown_span_id"] += 1
             continue
         covered.add(span.span_id)
         records.append(
@@ -363,12 +375,8 @@ def read_rules(
     by_local = {_local(a.atomic_id): a for a in atomics}
     drafts: list[DraftRule] = []
     for item in read_items(text, "rules", RuleItem, tally):
-        atomic = by_local.get(item.atomic_id)
-        if atomic is None and len(atomics) == 1:
-            atomic = atomics[0]
-            tally["repaired_atomic_id"] += 1
+        atomic = _referenced(item.atomic_id, by_local, "atomic_id", tally)
         if atomic is None:
-            tally["dropped_unknown_atomic_id"] += 1
             continue
         tags = tuple(dict.fromkeys(item.category_tags))
         if len(tags) > MAX_TAGS:
