@@ -8,6 +8,17 @@ from importlib import import_module, metadata
 from typing import TYPE_CHECKING, Any
 
 from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache, VerdictCache
+from langchain_tag.execution import (
+    CODE_TEMPLATE,
+    GENERIC_TEMPLATE,
+    NBA_TEMPLATE,
+    NPOV_TEMPLATE,
+    ActionOnlyExecutor,
+    ExecutionTemplate,
+    NBAVerdict,
+    NPOVResult,
+    format_actions,
+)
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     NBA_PROFILE,
@@ -35,13 +46,18 @@ if TYPE_CHECKING:
     from langchain_tag.extraction import (
         ExtractionReport,
         aextract_rules,
+        build_extraction_graph,
         extract_rules,
     )
+    from langchain_tag.query_graph import QueryContext, build_query_graph
 
 # Extraction pulls in LangGraph; load it on first use, not on `import langchain_tag`.
 _LAZY = {
     "ExtractionReport": "langchain_tag.extraction",
+    "QueryContext": "langchain_tag.query_graph",
     "aextract_rules": "langchain_tag.extraction",
+    "build_extraction_graph": "langchain_tag.extraction",
+    "build_query_graph": "langchain_tag.query_graph",
     "extract_rules": "langchain_tag.extraction",
 }
 
@@ -60,14 +76,23 @@ except metadata.PackageNotFoundError:
 del metadata
 
 __all__ = [
+    "CODE_TEMPLATE",
     "CONDITION_PROFILE",
+    "GENERIC_TEMPLATE",
     "NBA_PROFILE",
+    "NBA_TEMPLATE",
+    "NPOV_TEMPLATE",
+    "ActionOnlyExecutor",
     "ApplicabilityJudge",
+    "ExecutionTemplate",
     "ExtractionReport",
     "InMemoryVerdictCache",
     "JudgmentError",
     "MatchResult",
     "ModelNotConfiguredError",
+    "NBAVerdict",
+    "NPOVResult",
+    "QueryContext",
     "RetryPolicy",
     "Rule",
     "RuleLineage",
@@ -84,7 +109,10 @@ __all__ = [
     "VerdictCache",
     "__version__",
     "aextract_rules",
+    "build_extraction_graph",
+    "build_query_graph",
     "constraint_profile",
     "default_chat_model",
     "extract_rules",
+    "format_actions",
 ]

@@ -7,7 +7,9 @@ used when none is passed.
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any, TypeVar
 
 from langchain_core.language_models import BaseChatModel
 
@@ -19,6 +21,24 @@ DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
 
 class ModelNotConfiguredError(RuntimeError):
     """No chat model was passed and the environment configures none."""
+
+
+ContextT = TypeVar("ContextT")
+
+
+def coerce_context(context: object, schema: type[ContextT]) -> ContextT:
+    """A graph's run context as its dataclass.
+
+    Python callers pass the dataclass; a LangGraph server passes the JSON a client
+    sent (a dict, possibly with fields this version does not know, which are
+    ignored); no context means the defaults.
+    """
+    if isinstance(context, schema):
+        return context
+    if isinstance(context, Mapping):
+        known = {f.name for f in fields(schema)}  # type: ignore[arg-type]
+        return schema(**{k: v for k, v in context.items() if k in known})
+    return schema()
 
 
 def with_settings(

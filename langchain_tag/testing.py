@@ -31,6 +31,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field, PrivateAttr
+from typing_extensions import Self
 
 _INPUT = re.compile(r"<input>\n(.*)\n</input>", re.DOTALL)
 _RULE = re.compile(r"<rule>\n(.*?)\n</rule>", re.DOTALL)
@@ -469,3 +470,111 @@ class ExtractionFakeChatModel(ScriptedFakeChatModel):
                     }
                 )
         return {"relations": found}
+
+
+class FakeOpenAIServer:
+    """An OpenAI-compatible `/v1/chat/completions` endpoint on loopback, for tests.
+
+    It answers every request with a LangChain chat model (a fake of this module, say),
+    so code that talks to OpenAI over HTTP, such as `ChatOpenAI(base_url=...)` or a
+    LangGraph server configured from `OPENAI_BASE_URL`, runs offline for real. Use
+    it as a context manager; `base_url` is the address to configure. It binds to
+    127.0.0.1 only and serves each request on its own thread.
+    """
+
+    def __init__(
+        self, model: BaseChatModel, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        """Serve `model` on `host:port` (port 0 picks a free one)."""
+        from http.server import ThreadingHTTPServer  # noqa: PLC0415
+
+        self.model = model
+        self.requests: list[dict[str, Any]] = []
+        self._server = ThreadingHTTPServer((host, port), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        """The `base_url` / `OPENAI_BASE_URL` of this server."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    def __enter__(self) -> Self:
+        """Start serving."""
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def complete(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The chat completion answering one request body."""
+        from langchain_core.messages import convert_to_messages  # noqa: PLC0415
+
+        self.requests.append(request)
+        messages = convert_to_messages(
+            [(m["role"], _text_of(m.get("content"))) for m in request["messages"]]
+        )
+        answer = self.model.invoke(messages)
+        usage: Mapping[str, Any] = answer.usage_metadata or {}
+        prompt_tokens = usage.get("input_tokens", 0)
+        completion_tokens = usage.get("output_tokens", 0)
+        return {
+            "id": f"chatcmpl-fake-{len(self.requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": request.get("model", "fake"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": answer.text},
+                    "finish_reason": "stop",
+                    "logprobs": answer.response_metadata.get("logprobs"),
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    def _handler(self) -> type[Any]:
+        from http.server import BaseHTTPRequestHandler  # noqa: PLC0415
+
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    self.send_error(404, "only /v1/chat/completions is served")
+                    return
+                length = int(self.headers.get("Content-Length", "0"))
+                try:
+                    body = server.complete(json.loads(self.rfile.read(length)))
+                    status = 200
+                except Exception as error:  # noqa: BLE001 - reported to the client
+                    body = {"error": {"message": str(error), "type": "server_error"}}
+                    status = 500
+                payload = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                del format, args  # keep test output clean
+
+        return Handler
+
+
+def _text_of(content: object) -> str:
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "") for part in content if isinstance(part, dict)
+        )
+    return "" if content is None else str(content)

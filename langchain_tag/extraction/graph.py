@@ -27,7 +27,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Annotated, Any, NotRequired, TypedDict
+from typing import Annotated, Any
 
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
@@ -39,6 +39,9 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import get_runtime
 from langgraph.types import Overwrite, Send
 from langgraph.types import RetryPolicy as GraphRetryPolicy
+from pydantic import ConfigDict
+from pydantic.json_schema import SkipJsonSchema
+from typing_extensions import NotRequired, TypedDict
 
 from langchain_tag import prompts
 from langchain_tag.cache import VerdictCache
@@ -58,7 +61,7 @@ from langchain_tag.extraction.verification import (
     independence,
 )
 from langchain_tag.matching import RetryPolicy, model_identity
-from langchain_tag.models import default_chat_model, with_settings
+from langchain_tag.models import coerce_context, default_chat_model, with_settings
 from langchain_tag.rules import (
     FORMAT_VERSION,
     Rule,
@@ -93,9 +96,15 @@ LLM_NODES = (
 
 @dataclass(frozen=True)
 class ExtractionSettings:
-    """Per-run settings (the graph's `context_schema`)."""
+    """Per-run settings (the graph's `context_schema`).
 
-    llm: BaseChatModel | None = None
+    The model and the answer store are for Python callers; LangGraph Studio shows
+    the JSON-able fields only and its runs use the model from the environment.
+    """
+
+    __pydantic_config__ = ConfigDict(arbitrary_types_allowed=True)
+
+    llm: SkipJsonSchema[BaseChatModel | None] = None
     """The extracting model; None uses `default_chat_model()` (from the environment)."""
     skip_phases: frozenset[int] = frozenset()
     """Ablations: phases 1-5 to skip (the paper's Table 4)."""
@@ -105,10 +114,14 @@ class ExtractionSettings:
     faithfulness_mode: FaithfulnessMode = "corrected"
     faithfulness_threshold: float = 0.85
     min_coverage_overlap: float = 0.5
-    answers: VerdictCache | None = None
+    answers: SkipJsonSchema[VerdictCache | None] = None
     """Model answers kept by prompt. A SQLite store makes each answer durable the
     moment it arrives: a killed run resumes without asking again, and a re-run after
     an edit only sends the changed sections' prompts."""
+
+    def __post_init__(self) -> None:
+        """Accept any collection of phase numbers (JSON sends a list)."""
+        object.__setattr__(self, "skip_phases", frozenset(self.skip_phases))
 
     def key(self) -> str:
         """What, besides the prompt, decides an LLM node's output (for its cache)."""
@@ -172,8 +185,7 @@ DEFAULT_DOMAIN = "instruction"
 
 
 def _settings() -> ExtractionSettings:
-    context = get_runtime(ExtractionSettings).context
-    return context if isinstance(context, ExtractionSettings) else ExtractionSettings()
+    return coerce_context(get_runtime(ExtractionSettings).context, ExtractionSettings)
 
 
 @functools.cache

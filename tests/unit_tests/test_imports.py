@@ -3,14 +3,23 @@
 import langchain_tag
 
 EXPECTED_ALL = [
-    "CONDITION_PROFILE",
-    "NBA_PROFILE",
+    "ActionOnlyExecutor",
     "ApplicabilityJudge",
+    "CODE_TEMPLATE",
+    "CONDITION_PROFILE",
+    "ExecutionTemplate",
     "ExtractionReport",
+    "GENERIC_TEMPLATE",
     "InMemoryVerdictCache",
     "JudgmentError",
     "MatchResult",
     "ModelNotConfiguredError",
+    "NBAVerdict",
+    "NBA_PROFILE",
+    "NBA_TEMPLATE",
+    "NPOVResult",
+    "NPOV_TEMPLATE",
+    "QueryContext",
     "RetryPolicy",
     "Rule",
     "RuleLineage",
@@ -27,9 +36,12 @@ EXPECTED_ALL = [
     "VerdictCache",
     "__version__",
     "aextract_rules",
+    "build_extraction_graph",
+    "build_query_graph",
     "constraint_profile",
     "default_chat_model",
     "extract_rules",
+    "format_actions",
 ]
 
 

@@ -1,0 +1,1 @@
+"""LangGraph Studio entry points (see langgraph.json)."""

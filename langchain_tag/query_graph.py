@@ -1,0 +1,422 @@
+"""TAG end to end as a LangGraph graph: rulebook -> pairwise matching -> execution.
+
+    load_rulebook -> (extract -> review?) -> match_rule* -> execute
+
+`load_rulebook` takes the rulebook given in the input, or runs the extraction graph
+when only documents are given; `review` (optional) pauses with `interrupt()` so a
+person can approve, edit or drop the extracted rules; `match_rule` is fanned out with
+one `Send` per candidate rule (one judgment each, the action withheld); `execute`
+sees the input and only the matched actions.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from langchain_core.documents import Document
+from langchain_core.language_models import BaseChatModel
+from langchain_core.runnables import RunnableConfig
+from langgraph.cache.base import BaseCache
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.runtime import get_runtime
+from langgraph.types import CachePolicy, Overwrite, Send, interrupt
+from langgraph.types import RetryPolicy as GraphRetryPolicy
+from pydantic import ConfigDict
+from pydantic.json_schema import SkipJsonSchema
+from typing_extensions import NotRequired, TypedDict
+
+from langchain_tag.execution import (
+    CODE_TEMPLATE,
+    GENERIC_TEMPLATE,
+    NBA_TEMPLATE,
+    NPOV_TEMPLATE,
+    ActionOnlyExecutor,
+    ExecutionTemplate,
+)
+from langchain_tag.matching import (
+    CONDITION_PROFILE,
+    NBA_PROFILE,
+    ApplicabilityJudge,
+    RetryPolicy,
+    RuleSchemaProfile,
+    Verdict,
+)
+from langchain_tag.models import coerce_context as _coerce
+from langchain_tag.models import default_chat_model
+from langchain_tag.rules import Rule, Rulebook
+
+PROFILES: dict[str, RuleSchemaProfile] = {
+    "condition": CONDITION_PROFILE,
+    "nba": NBA_PROFILE,
+}
+"""Rule-schema profiles selectable by name in `QueryContext.profile`."""
+
+TEMPLATES: dict[str, ExecutionTemplate] = {
+    "generic": GENERIC_TEMPLATE,
+    "npov": NPOV_TEMPLATE,
+    "code": CODE_TEMPLATE,
+    "nba": NBA_TEMPLATE,
+}
+"""Executor templates selectable by name in `QueryContext.template`."""
+
+
+@dataclass(frozen=True)
+class QueryContext:
+    """Per-run settings (the graph's `context_schema`).
+
+    Model and profile objects are for Python callers; LangGraph Studio shows the
+    JSON-able fields only and its runs use the models from the environment.
+    """
+
+    __pydantic_config__ = ConfigDict(arbitrary_types_allowed=True)
+
+    judge_model: SkipJsonSchema[BaseChatModel | None] = None
+    """The applicability judge; None uses `default_chat_model()`."""
+    executor_model: SkipJsonSchema[BaseChatModel | None] = None
+    """The executor; None uses the judge's model."""
+    k: int | None = None
+    """Execute with at most this many matched rules (best scores first)."""
+    score_threshold: float | None = None
+    profile: str | SkipJsonSchema[RuleSchemaProfile] = "condition"
+    """A profile name from `PROFILES`, or a `RuleSchemaProfile`."""
+    template: str | SkipJsonSchema[ExecutionTemplate] = "generic"
+    """A template name from `TEMPLATES`, or an `ExecutionTemplate`."""
+    review: bool = False
+    """Pause after extraction for a person to approve, edit or drop rules."""
+    domain: str = "instruction"
+    """Domain string for extraction, when the input brings documents."""
+
+
+class QueryInput(TypedDict):
+    """A query, and the rules to answer it with (or documents to extract them from)."""
+
+    query: str
+    rulebook: NotRequired[dict[str, Any] | str]
+    """A rulebook as JSON (e.g. `Rulebook.model_dump(mode="json")`) or a file path."""
+    documents: NotRequired[list[Document]]
+
+
+class Match(TypedDict):
+    """A rule the judge found applicable."""
+
+    rule_id: str
+    name: str
+    score: float | None
+    reason: str | None
+
+
+class QueryOutput(TypedDict):
+    """The answer, the rules that produced it, and what it cost."""
+
+    answer: Any
+    matches: list[Match]
+    cost: dict[str, Any]
+
+
+Records = list[dict[str, Any]]
+
+
+def _verdicts(left: Records, right: Records) -> Records:
+    return left + right
+
+
+class QueryState(TypedDict, total=False):
+    """The graph's state; verdicts are cleared at the start of every run."""
+
+    query: str
+    rulebook: dict[str, Any] | str
+    documents: list[Document]
+    rules: list[dict[str, Any]]
+    verdicts: Annotated[list[dict[str, Any]], _verdicts]
+    started: float
+    answer: Any
+    matches: list[Match]
+    cost: dict[str, Any]
+
+
+def _context() -> QueryContext:
+    return _coerce(get_runtime(QueryContext).context, QueryContext)
+
+
+@functools.cache
+def _environment_model() -> BaseChatModel:
+    return default_chat_model()
+
+
+def _judge(context: QueryContext) -> ApplicabilityJudge:
+    profile = context.profile
+    if isinstance(profile, str):
+        if profile not in PROFILES:
+            msg = f"Unknown profile {profile!r}; choose from {sorted(PROFILES)}."
+            raise ValueError(msg)
+        profile = PROFILES[profile]
+    # The node's RetryPolicy retries; the judge makes one attempt per try.
+    return ApplicabilityJudge(
+        llm=context.judge_model or _environment_model(),
+        profile=profile,
+        retry=RetryPolicy(max_attempts=1),
+        cache=None,
+    )
+
+
+def _executor(context: QueryContext) -> ActionOnlyExecutor:
+    template = context.template
+    if isinstance(template, str):
+        if template not in TEMPLATES:
+            msg = f"Unknown template {template!r}; choose from {sorted(TEMPLATES)}."
+            raise ValueError(msg)
+        template = TEMPLATES[template]
+    llm = context.executor_model or context.judge_model or _environment_model()
+    return ActionOnlyExecutor(llm=llm, template=template)
+
+
+# --- nodes ---------------------------------------------------------------------------
+
+
+def load_rulebook(state: QueryState) -> dict[str, Any]:
+    """Start a run: clear earlier verdicts, read the rulebook if one was given."""
+    update: dict[str, Any] = {"verdicts": Overwrite([]), "started": time.time()}
+    given = state.get("rulebook")
+    if given is None:
+        if not state.get("documents"):
+            msg = "The query graph needs a rulebook, or documents to extract one from."
+            raise ValueError(msg)
+        return update
+    rulebook = (
+        Rulebook.load(given)
+        if isinstance(given, str)
+        else Rulebook.model_validate(given)
+    )
+    return {**update, "rules": [r.model_dump(mode="json") for r in rulebook.rules]}
+
+
+def after_load(state: QueryState) -> Literal["extract", "plan"]:
+    """Extract first when no rulebook was given."""
+    return "extract" if state.get("rules") is None else "plan"
+
+
+def extract(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
+    """Run the extraction graph (as a subgraph of this run) over the documents."""
+    from langchain_tag.extraction import (  # noqa: PLC0415 - only when extracting
+        ExtractionSettings,
+        build_extraction_graph,
+    )
+
+    context = _context()
+    output = build_extraction_graph().invoke(
+        {"documents": state["documents"], "domain": context.domain},
+        config,
+        context=ExtractionSettings(llm=context.judge_model),
+    )
+    return {"rulebook": output["rulebook"], "rules": output["rulebook"]["rules"]}
+
+
+def review(state: QueryState) -> dict[str, Any]:
+    """Pause for a person to approve, edit or drop the extracted rules.
+
+    Resume with `Command(resume=...)`: `True` (or `{"approve": True}`) keeps the
+    rules; `{"drop": [rule ids]}` removes some; `{"rules": [rule dicts]}` replaces
+    them with edited ones (each validated as a `Rule`).
+    """
+    if not _context().review:
+        return {}
+    decision = interrupt(
+        {
+            "message": "Approve, edit or drop the extracted rules.",
+            "rules": state["rules"],
+        }
+    )
+    rules = state["rules"]
+    if isinstance(decision, Mapping):
+        if "rules" in decision:
+            rules = [
+                Rule.model_validate(r).model_dump(mode="json")
+                for r in decision["rules"]
+            ]
+        if "drop" in decision:
+            dropped = set(decision["drop"])
+            rules = [r for r in rules if r["rule_id"] not in dropped]
+    elif decision is not True:
+        msg = (
+            "Resume the review with True, {'approve': True}, {'drop': [rule ids]} or "
+            f"{{'rules': [edited rules]}}; got {decision!r}."
+        )
+        raise ValueError(msg)
+    Rulebook.from_rules(rules)  # the edited set must still be a valid rulebook
+    return {"rules": rules}
+
+
+def to_matches(state: QueryState) -> list[Send] | str:
+    """One `match_rule` task per candidate rule."""
+    judge = _judge(_context())
+    sends = []
+    for rule_data in state.get("rules", []):
+        rule = Rule.model_validate(rule_data)
+        sends.append(
+            Send(
+                "match_rule",
+                {
+                    "query": state["query"],
+                    "rule": rule_data,
+                    "cache_key": judge.cache_key(state["query"], rule),
+                },
+            )
+        )
+    return sends or "execute"
+
+
+class MatchRequest(TypedDict):
+    """The payload of one `match_rule` task."""
+
+    query: str
+    rule: dict[str, Any]
+    cache_key: str
+
+
+def match_rule(request: MatchRequest, config: RunnableConfig) -> dict[str, Any]:
+    """Judge one rule against the query (the judge never sees the action)."""
+    rule = Rule.model_validate(request["rule"])
+    verdict = _judge(_context()).invoke((request["query"], rule), config)
+    return {"verdicts": [verdict.model_dump(mode="json")]}
+
+
+async def amatch_rule(request: MatchRequest, config: RunnableConfig) -> dict[str, Any]:
+    """Async `match_rule`."""
+    rule = Rule.model_validate(request["rule"])
+    verdict = await _judge(_context()).ainvoke((request["query"], rule), config)
+    return {"verdicts": [verdict.model_dump(mode="json")]}
+
+
+def select(
+    rules: Sequence[Mapping[str, Any]],
+    verdicts: Sequence[Verdict],
+    k: int | None,
+    threshold: float | None,
+) -> list[tuple[Mapping[str, Any], Verdict]]:
+    """Applicable rules by score, then rulebook order; cut by threshold and k."""
+    position = {rule["rule_id"]: i for i, rule in enumerate(rules)}
+    by_id = {rule["rule_id"]: rule for rule in rules}
+
+    def relevance(verdict: Verdict) -> float:
+        return 1.0 if verdict.score is None else verdict.score
+
+    kept = [
+        v
+        for v in verdicts
+        if v.applies
+        and v.rule_id in by_id
+        and (threshold is None or relevance(v) >= threshold)
+    ]
+    kept.sort(key=lambda v: (-relevance(v), position[v.rule_id]))
+    if k is not None:
+        kept = kept[:k]
+    return [(by_id[v.rule_id], v) for v in kept]
+
+
+def execute(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
+    """Answer with the input and only the matched rules' actions."""
+    context = _context()
+    verdicts = [Verdict.model_validate(v) for v in state.get("verdicts", [])]
+    chosen = select(
+        state.get("rules", []), verdicts, context.k, context.score_threshold
+    )
+    rules = [Rule.model_validate(rule) for rule, _ in chosen]
+    answer = _executor(context).invoke(
+        {"input": state["query"], "rules": rules}, config
+    )
+    matches: list[Match] = [
+        {
+            "rule_id": v.rule_id,
+            "name": rule["name"],
+            "score": v.score,
+            "reason": v.reason,
+        }
+        for rule, v in chosen
+    ]
+    cost = {
+        "rules": len(state.get("rules", [])),
+        "judgments": len(verdicts),
+        "applicable": sum(v.applies for v in verdicts),
+        "executor_calls": 1,
+        "seconds": round(time.time() - state.get("started", time.time()), 3),
+    }
+    return {"answer": _jsonable(answer), "matches": matches, "cost": cost}
+
+
+def _jsonable(answer: Any) -> Any:
+    dump = getattr(answer, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if isinstance(answer, tuple) and hasattr(answer, "_asdict"):
+        return dict(answer._asdict())
+    return answer
+
+
+def _join(state: QueryState) -> dict[str, Any]:
+    """Where the rules are final (after extraction and review); fans out next."""
+    del state
+    return {}
+
+
+def _judgment_key(request: object) -> str:
+    # get_graph() also calls this, with placeholder input, to draw the graph.
+    return str(request.get("cache_key", "")) if isinstance(request, Mapping) else ""
+
+
+def build_query_graph(
+    *,
+    checkpointer: BaseCheckpointSaver[Any] | None = None,
+    cache: BaseCache[Any] | None = None,
+    retry: RetryPolicy | None = None,
+) -> CompiledStateGraph[QueryState, QueryContext, QueryInput, QueryOutput]:
+    """Compile the query graph.
+
+    Args:
+        checkpointer: Needed for `review` (interrupts) and to keep threads.
+        cache: LangGraph node cache for judgments: a (query, rule) pair already
+            judged by the same model and profile is not sent again.
+        retry: Backoff for transient model errors on the judge and executor nodes.
+    """
+    from langchain_core.runnables import RunnableLambda  # noqa: PLC0415
+
+    retry = retry or RetryPolicy()
+    node_retry = GraphRetryPolicy(
+        initial_interval=retry.initial_delay,
+        backoff_factor=retry.backoff,
+        max_interval=retry.max_delay,
+        max_attempts=retry.max_attempts,
+        jitter=False,
+        retry_on=retry.is_transient,
+    )
+    builder = StateGraph(
+        QueryState,
+        context_schema=QueryContext,
+        input_schema=QueryInput,
+        output_schema=QueryOutput,
+    )
+    builder.add_node("load_rulebook", load_rulebook)
+    builder.add_node("extract", extract, retry_policy=node_retry)
+    builder.add_node("review", review)
+    builder.add_node("plan", _join)
+    builder.add_node(
+        "match_rule",
+        RunnableLambda(match_rule, afunc=amatch_rule, name="match_rule"),
+        retry_policy=node_retry,
+        cache_policy=CachePolicy(key_func=_judgment_key),
+        input_schema=MatchRequest,
+    )
+    builder.add_node("execute", execute, retry_policy=node_retry)
+    builder.add_edge(START, "load_rulebook")
+    builder.add_conditional_edges("load_rulebook", after_load, ["extract", "plan"])
+    builder.add_edge("extract", "review")
+    builder.add_edge("review", "plan")
+    builder.add_conditional_edges("plan", to_matches, ["match_rule", "execute"])
+    builder.add_edge("match_rule", "execute")
+    builder.add_edge("execute", END)
+    return builder.compile(checkpointer=checkpointer, cache=cache, name="tag_query")
