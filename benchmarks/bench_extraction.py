@@ -34,7 +34,6 @@ rules are not all faithful or differ between configurations, else 0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -48,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _common
 from langchain_core.documents import Document
 
 from langchain_tag import prompts
@@ -55,7 +55,6 @@ from langchain_tag.extraction import Checkpoint, ExtractionReport, extract_rules
 from langchain_tag.rules import Rulebook
 from langchain_tag.testing import ExtractionFakeChatModel
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = (
     ("pep8", Path("pep8") / "pep-0008.rst", "Python code style"),
     ("nba", Path("rulearena_nba") / "reference_rules.txt", "NBA salary cap"),
@@ -94,21 +93,6 @@ class Run:
     all_times: list[float] = field(default_factory=list)
 
 
-def resolve_data_dir(option: Path | None) -> Path:
-    """`--data-dir`, else `$TAG_DATA_DIR`, else `../shared/data` beside the repo.
-
-    Args:
-        option: The `--data-dir` value, if given.
-
-    Returns:
-        The directory (it may not exist).
-    """
-    if option is not None:
-        return option
-    configured = os.environ.get("TAG_DATA_DIR")
-    return Path(configured) if configured else REPO_ROOT.parent / "shared" / "data"
-
-
 def maxrss_mib() -> float | None:
     """The process's maximum resident set size so far, in MiB (None on Windows)."""
     try:
@@ -128,14 +112,17 @@ def prompt_phase(prompt: str) -> str:
 def extract(
     doc: Document,
     domain: str,
-    *,
-    latency: float,
+    args: argparse.Namespace,
     checkpoint: Checkpoint,
-    max_concurrency: int,
+    *,
     trace: bool = False,
 ) -> tuple[Rulebook, ExtractionFakeChatModel, float, float | None]:
-    """One run; returns the rulebook, the fake, the seconds and the traced peak."""
-    fake = ExtractionFakeChatModel(latency=latency)
+    """One run with `--latency` and `--max-concurrency` from `args`.
+
+    Returns:
+        The rulebook, the fake, the seconds and the traced peak.
+    """
+    fake = ExtractionFakeChatModel(latency=args.latency)
     if trace:
         tracemalloc.start()
         tracemalloc.reset_peak()
@@ -146,7 +133,7 @@ def extract(
             llm=fake,
             domain=domain,
             checkpoint=checkpoint,
-            max_concurrency=max_concurrency,
+            max_concurrency=args.max_concurrency,
         )
     finally:
         seconds = time.perf_counter() - started
@@ -223,24 +210,11 @@ def timed_best(
     best: tuple[float, Rulebook, ExtractionFakeChatModel] | None = None
     times = []
     for checkpoint in checkpoints[:-1]:
-        rulebook, fake, seconds, _ = extract(
-            doc,
-            domain,
-            latency=args.latency,
-            checkpoint=checkpoint,
-            max_concurrency=args.max_concurrency,
-        )
+        rulebook, fake, seconds, _ = extract(doc, domain, args, checkpoint)
         times.append(seconds)
         if best is None or seconds < best[0]:
             best = (seconds, rulebook, fake)
-    traced, _, _, peak = extract(
-        doc,
-        domain,
-        latency=args.latency,
-        checkpoint=checkpoints[-1],
-        max_concurrency=args.max_concurrency,
-        trace=True,
-    )
+    traced, _, _, peak = extract(doc, domain, args, checkpoints[-1], trace=True)
     if best is None:
         msg = "no timed run"
         raise ValueError(msg)
@@ -316,26 +290,14 @@ def bench_document(
         f"{databases[0].stat().st_size / MIB:.1f} MiB"
     )
 
-    rulebook, fake, seconds, _ = extract(
-        doc,
-        domain,
-        latency=args.latency,
-        checkpoint=databases[0],
-        max_concurrency=args.max_concurrency,
-    )
+    rulebook, fake, seconds, _ = extract(doc, domain, args, databases[0])
     unchanged = figures("re-run, unchanged (finished run)", rulebook, fake, seconds)
     print_run(unchanged)
 
     edited_text, edit = one_edit(text, plain_rules)
     edited_doc = Document(page_content=edited_text, metadata=doc.metadata)
     print(f"  one edit: {edit}")
-    edited_rules, fake, seconds, _ = extract(
-        edited_doc,
-        domain,
-        latency=args.latency,
-        checkpoint=databases[0],
-        max_concurrency=args.max_concurrency,
-    )
+    edited_rules, fake, seconds, _ = extract(edited_doc, domain, args, databases[0])
     edited = figures(
         "re-run after one edit (stored answers)", edited_rules, fake, seconds
     )
@@ -370,21 +332,9 @@ def bench_document(
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Read the command line.
-
-    Args:
-        argv: Arguments; `sys.argv[1:]` when None.
-
-    Returns:
-        The parsed options.
-    """
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        metavar="DIR",
-        help="the shared data directory (default: $TAG_DATA_DIR, else "
-        "../shared/data beside the repository)",
+    """Read the command line: `argv`, or `sys.argv[1:]` when None."""
+    parser = _common.make_parser(
+        __doc__, data=True, repeats_help="timed runs of each configuration"
     )
     parser.add_argument(
         "--latency",
@@ -399,18 +349,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=8,
         help="LLM calls in flight at most (default 8, as extract_rules)",
     )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=3,
-        help="timed runs of each configuration; the best is reported (default 3)",
-    )
-    parser.add_argument(
-        "--json", type=Path, metavar="PATH", help="also write the figures as JSON"
-    )
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+    args = _common.parse_arguments(parser, argv)
     if args.latency < 0:
         parser.error("--latency must not be negative")
     if args.max_concurrency < 1:
@@ -419,26 +358,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print the report.
-
-    Args:
-        argv: Command-line arguments; `sys.argv[1:]` when None.
+    """Run the benchmark on `argv` (`sys.argv[1:]` when None); print the report.
 
     Returns:
-        The exit status: 2 if a document is missing, 1 if a check failed, else 0.
+        The exit status: 1 if a check failed, else 0.
+
+    Raises:
+        SystemExit: With status 2 if a document is missing.
     """
     args = parse_args(argv)
-    data_dir = resolve_data_dir(args.data_dir)
-    missing = [
-        data_dir / rel for _, rel, _ in DOCUMENTS if not (data_dir / rel).is_file()
-    ]
-    if missing:
-        print(
-            f"error: {', '.join(map(str, missing))} not found. Pass --data-dir DIR or "
-            "set TAG_DATA_DIR to the shared data directory.",
-            file=sys.stderr,
-        )
-        return 2
+    data_dir = _common.require_data_dir(args.data_dir, [rel for _, rel, _ in DOCUMENTS])
     print(
         "Fake-driven extraction benchmark: "
         f"latency {args.latency} s a call, max_concurrency {args.max_concurrency}, "
@@ -456,21 +385,17 @@ def main(argv: list[str] | None = None) -> int:
             results.append(result)
             all_ok = all_ok and ok
     if args.json is not None:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "latency": args.latency,
-                    "max_concurrency": args.max_concurrency,
-                    "repeats": args.repeats,
-                    "python": platform.python_version(),
-                    "machine": platform.machine(),
-                    "cpus": os.cpu_count(),
-                    "documents": results,
-                },
-                indent=2,
-            )
-            + "\n",
-            encoding="utf-8",
+        _common.write_json(
+            args.json,
+            {
+                "latency": args.latency,
+                "max_concurrency": args.max_concurrency,
+                "repeats": args.repeats,
+                "python": platform.python_version(),
+                "machine": platform.machine(),
+                "cpus": os.cpu_count(),
+                "documents": results,
+            },
         )
         print(f"\nwrote {args.json}")
     return 0 if all_ok else 1

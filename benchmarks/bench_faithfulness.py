@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
-import os
 import platform
 import random
 import sys
@@ -45,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import _common
 import rapidfuzz
 from rapidfuzz import fuzz
 
@@ -56,7 +55,6 @@ from langchain_tag.extraction.verification import (
     check_faithfulness,
 )
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 CBA_PATH = Path("rulearena_nba") / "reference_rules.txt"
 PEP8_PATH = Path("pep8") / "pep-0008.rst"
 
@@ -99,21 +97,6 @@ class Run:
     decisions: list[bool]
     exact: list[bool]
     scores: list[float]
-
-
-def resolve_data_dir(option: Path | None) -> Path:
-    """`--data-dir`, else `$TAG_DATA_DIR`, else `../shared/data` beside the repo.
-
-    Args:
-        option: The `--data-dir` value, if given.
-
-    Returns:
-        The directory (it may not exist).
-    """
-    if option is not None:
-        return option
-    configured = os.environ.get("TAG_DATA_DIR")
-    return Path(configured) if configured else REPO_ROOT.parent / "shared" / "data"
 
 
 def generated_text(rng: random.Random, n_chars: int) -> str:
@@ -539,61 +522,28 @@ def summarise(
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Read the command line.
-
-    Args:
-        argv: Arguments; `sys.argv[1:]` when None.
-
-    Returns:
-        The parsed options.
-    """
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        metavar="DIR",
-        help="the shared data directory (default: $TAG_DATA_DIR, else "
-        "../shared/data beside the repository)",
-    )
-    parser.add_argument(
-        "--json", type=Path, metavar="PATH", help="also write the figures as JSON"
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=3,
-        help="timed runs of each fast check; the best is reported (default 3)",
+    """Read the command line: `argv`, or `sys.argv[1:]` when None."""
+    parser = _common.make_parser(
+        __doc__, data=True, repeats_help="timed runs of each fast check"
     )
     parser.add_argument(
         "--seed", type=int, default=DEFAULT_SEED, help="seed for building the sources"
     )
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    return args
+    return _common.parse_arguments(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print the report.
-
-    Args:
-        argv: Command-line arguments; `sys.argv[1:]` when None.
+    """Run the benchmark on `argv` (`sys.argv[1:]` when None); print the report.
 
     Returns:
-        The exit status: 1 if fast and reference decisions differ, 2 if the data is
-        missing, else 0.
+        The exit status: 1 if fast and reference decisions differ, else 0.
+
+    Raises:
+        SystemExit: With status 2 if the data is missing.
     """
     args = parse_args(argv)
-    data_dir = resolve_data_dir(args.data_dir)
+    data_dir = _common.require_data_dir(args.data_dir, [CBA_PATH])
     cba_file = data_dir / CBA_PATH
-    if not cba_file.is_file():
-        print(
-            f"error: the NBA CBA text is not at {cba_file}. Pass --data-dir DIR or set "
-            "TAG_DATA_DIR to the shared data directory (the one holding "
-            f"{CBA_PATH.parent}/).",
-            file=sys.stderr,
-        )
-        return 2
     cba = cba_file.read_text(encoding="utf-8")
     pep8_file = data_dir / PEP8_PATH
     unrelated = (
@@ -654,8 +604,7 @@ def main(argv: list[str] | None = None) -> int:
             "identical": {mode: not bad for mode, bad in differing.items()},
             **summary,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+        _common.write_json(args.json, figures)
         print(f"\nFigures written to {args.json}")
 
     return 1 if any(differing.values()) else 0

@@ -34,14 +34,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
+
+import _common
+from langchain_core.documents import Document
 
 from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.retriever import TAGRetriever
@@ -51,6 +53,8 @@ from langchain_tag.testing import RuleAwareFakeChatModel
 M = 200
 LATENCY = 0.05
 CONCURRENCIES = (1, 8, 32)
+PATHS = ("async", "sync")
+"""How a retrieval is called: `await retriever.ainvoke` or `retriever.invoke`."""
 TARGET_C = 32
 TARGET_RATIO = 1.15
 TARGET_OVERHEAD_MS = 1.0
@@ -163,33 +167,39 @@ def make_retriever(
     return fake, retriever
 
 
-def run_sync(rulebook: Rulebook, latency: float, concurrency: int) -> Run:
-    """Time one `retriever.invoke(QUERY)` on a fresh retriever.
+@dataclass
+class Timing:
+    """Wall and CPU seconds of a timed block, set when the block ends."""
 
-    Args:
-        rulebook: The rules to judge.
-        latency: Seconds each fake model call takes.
-        concurrency: The retriever's `max_concurrency`.
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
 
-    Returns:
-        The timed run.
+
+@contextmanager
+def timing() -> Iterator[Timing]:
+    """Time the `with` block: wall clock and process CPU time (all threads).
+
+    Yields:
+        The timing, filled in when the block ends.
     """
-    fake, retriever = make_retriever(rulebook, latency, concurrency)
+    measured = Timing()
     cpu_started = time.process_time()
     started = time.perf_counter()
-    documents = retriever.invoke(QUERY)
-    wall = time.perf_counter() - started
-    cpu = time.process_time() - cpu_started
-    matched = [str(doc.id) for doc in documents]
-    return Run("sync", concurrency, latency, wall, cpu, fake.peak_in_flight, matched)
+    yield measured
+    measured.wall_s = time.perf_counter() - started
+    measured.cpu_s = time.process_time() - cpu_started
 
 
-def run_async(rulebook: Rulebook, latency: float, concurrency: int) -> Run:
-    """Time one `await retriever.ainvoke(QUERY)` on a fresh retriever.
+def run_retrieval(
+    path: str, rulebook: Rulebook, latency: float, concurrency: int
+) -> Run:
+    """Time one retrieval of QUERY on a fresh retriever.
 
-    The clock runs inside the event loop, so starting the loop is not counted.
+    The async path times `await retriever.ainvoke(QUERY)` inside the event loop, so
+    starting the loop is not counted; the sync path times `retriever.invoke(QUERY)`.
 
     Args:
+        path: "async" or "sync".
         rulebook: The rules to judge.
         latency: Seconds each fake model call takes.
         concurrency: The retriever's `max_concurrency`.
@@ -199,22 +209,25 @@ def run_async(rulebook: Rulebook, latency: float, concurrency: int) -> Run:
     """
     fake, retriever = make_retriever(rulebook, latency, concurrency)
 
-    async def timed() -> tuple[float, float, list[str]]:
-        cpu_started = time.process_time()
-        started = time.perf_counter()
-        documents = await retriever.ainvoke(QUERY)
-        wall = time.perf_counter() - started
-        cpu = time.process_time() - cpu_started
-        return wall, cpu, [str(doc.id) for doc in documents]
+    async def retrieve_async() -> tuple[Timing, list[Document]]:
+        with timing() as timed:
+            documents = await retriever.ainvoke(QUERY)
+        return timed, documents
 
-    wall, cpu, matched = asyncio.run(timed())
-    return Run("async", concurrency, latency, wall, cpu, fake.peak_in_flight, matched)
-
-
-RUNNERS: dict[str, Callable[[Rulebook, float, int], Run]] = {
-    "async": run_async,
-    "sync": run_sync,
-}
+    if path == "async":
+        timed, documents = asyncio.run(retrieve_async())
+    else:
+        with timing() as timed:
+            documents = retriever.invoke(QUERY)
+    return Run(
+        path=path,
+        concurrency=concurrency,
+        latency_s=latency,
+        wall_s=timed.wall_s,
+        cpu_s=timed.cpu_s,
+        peak_in_flight=fake.peak_in_flight,
+        matched=[str(doc.id) for doc in documents],
+    )
 
 
 def sleep_ms(latency: float = LATENCY, samples: int = 20) -> dict[str, float]:
@@ -262,8 +275,11 @@ def measure_concurrency(
     for concurrency in CONCURRENCIES:
         ideal = math.ceil(len(rulebook) / concurrency) * LATENCY
         runs_wanted = 1 if concurrency == 1 else repeats
-        for path, runner in RUNNERS.items():
-            runs = [runner(rulebook, LATENCY, concurrency) for _ in range(runs_wanted)]
+        for path in PATHS:
+            runs = [
+                run_retrieval(path, rulebook, LATENCY, concurrency)
+                for _ in range(runs_wanted)
+            ]
             all_runs.extend(runs)
             best = min(runs, key=lambda run: run.wall_s)
             rows.append(
@@ -324,8 +340,11 @@ def measure_overhead(rulebook: Rulebook, all_runs: list[Run]) -> list[OverheadRo
     """
     bare = bare_model_call_ms(rulebook)
     rows = []
-    for path, runner in RUNNERS.items():
-        runs = [runner(rulebook, 0.0, TARGET_C) for _ in range(OVERHEAD_REPEATS)]
+    for path in PATHS:
+        runs = [
+            run_retrieval(path, rulebook, 0.0, TARGET_C)
+            for _ in range(OVERHEAD_REPEATS)
+        ]
         all_runs.extend(runs)
         judgments = OVERHEAD_REPEATS * len(rulebook)
         per_judgment = sum(run.wall_s for run in runs) / judgments * 1e3
@@ -434,35 +453,15 @@ def print_report(
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Read the command line.
-
-    Args:
-        argv: Arguments; `sys.argv[1:]` when None.
-
-    Returns:
-        The parsed options.
-    """
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--json", type=Path, metavar="PATH", help="also write the figures as JSON"
+    """Read the command line: `argv`, or `sys.argv[1:]` when None."""
+    parser = _common.make_parser(
+        __doc__, data=False, repeats_help="runs per (path, C) for C > 1"
     )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=3,
-        help="runs per (path, C) for C > 1; the best is reported (default 3)",
-    )
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    return args
+    return _common.parse_arguments(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print the report.
-
-    Args:
-        argv: Command-line arguments; `sys.argv[1:]` when None.
+    """Run the benchmark on `argv` (`sys.argv[1:]` when None); print the report.
 
     Returns:
         The exit status: 1 if the concurrency cap was exceeded or a retrieval
@@ -473,8 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     expected = [rule_id(i) for i in APPLICABLE]
 
     # Warm-up: imports, lazy initialisation in langchain-core, first-call caches.
-    run_async(rulebook, 0.0, TARGET_C)
-    run_sync(rulebook, 0.0, TARGET_C)
+    for path in PATHS:
+        run_retrieval(path, rulebook, 0.0, TARGET_C)
 
     all_runs: list[Run] = []
     concurrency = measure_concurrency(rulebook, args.repeats, all_runs)
@@ -526,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
             "targets": targets,
             "problems": problems,
         }
-        args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+        _common.write_json(args.json, figures)
         print(f"\nFigures written to {args.json}")
     return 1 if problems else 0
 

@@ -133,6 +133,7 @@ def _run(args: argparse.Namespace) -> int:
             judge_model=llm,
             k=args.k,
             score_threshold=args.score_threshold,
+            logprobs=args.logprobs,
             profile=args.profile,
             template=args.template,
         ),
@@ -237,6 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("-k", type=int, help="execute with at most K matched rules")
     run.add_argument("--score-threshold", type=float)
+    run.add_argument(
+        "--logprobs",
+        action="store_true",
+        help="score verdicts by P(YES) from the model's logprobs",
+    )
     run.add_argument(
         "--profile", default="condition", help="rule-schema profile (condition, nba)"
     )

@@ -83,6 +83,8 @@ class QueryContext:
     k: int | None = None
     """Execute with at most this many matched rules (best scores first)."""
     score_threshold: float | None = None
+    logprobs: bool = False
+    """Score verdicts from logprobs (models with a `logprobs` option, e.g. ChatOpenAI)."""
     profile: str | SkipJsonSchema[RuleSchemaProfile] = "condition"
     """A profile name from `PROFILES`, or a `RuleSchemaProfile`."""
     template: str | SkipJsonSchema[ExecutionTemplate] = "generic"
@@ -160,6 +162,7 @@ def _judge(context: QueryContext) -> ApplicabilityJudge:
     return ApplicabilityJudge(
         llm=context.judge_model or _environment_model(),
         profile=profile,
+        logprobs=context.logprobs,
         retry=RetryPolicy(max_attempts=1),
         cache=None,
     )

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from langchain_tag import Rulebook
+from langchain_tag.data import shared_data_dir
+
+__all__ = ["FIXTURES", "data_dir", "pep8_rulebook", "shared_data_dir"]
 
 FIXTURES = Path(__file__).parent / "fixtures"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def shared_data_dir() -> Path | None:
-    """`TAG_DATA_DIR`, else `../shared/data` beside the repository, if it exists."""
-    configured = os.environ.get("TAG_DATA_DIR")
-    candidate = Path(configured) if configured else REPO_ROOT.parent / "shared" / "data"
-    return candidate if candidate.is_dir() else None
 
 
 @pytest.fixture
