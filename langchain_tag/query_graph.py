@@ -84,7 +84,7 @@ class QueryContext:
     """Execute with at most this many matched rules (best scores first)."""
     score_threshold: float | None = None
     logprobs: bool = False
-    """Score verdicts from logprobs (models with a `logprobs` option, e.g. ChatOpenAI)."""
+    """Score verdicts by logprobs (models with a `logprobs` option, as ChatOpenAI)."""
     profile: str | SkipJsonSchema[RuleSchemaProfile] = "condition"
     """A profile name from `PROFILES`, or a `RuleSchemaProfile`."""
     template: str | SkipJsonSchema[ExecutionTemplate] = "generic"
