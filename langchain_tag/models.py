@@ -7,10 +7,11 @@ used when none is passed.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any, TypeVar
 
+from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
 
 MODEL_ENV_VAR = "TAG_MODEL"
@@ -24,6 +25,14 @@ class ModelNotConfiguredError(RuntimeError):
 
 
 ContextT = TypeVar("ContextT")
+
+
+def as_documents(items: Iterable[Document | Mapping[str, Any]]) -> list[Document]:
+    """Documents as given in Python, or as the JSON a LangGraph server passes on."""
+    return [
+        item if isinstance(item, Document) else Document.model_validate(item)
+        for item in items
+    ]
 
 
 def coerce_context(context: object, schema: type[ContextT]) -> ContextT:

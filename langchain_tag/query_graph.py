@@ -27,7 +27,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import get_runtime
 from langgraph.types import CachePolicy, Overwrite, Send, interrupt
 from langgraph.types import RetryPolicy as GraphRetryPolicy
-from pydantic import ConfigDict
+from pydantic import ConfigDict, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import NotRequired, TypedDict
 
@@ -47,8 +47,8 @@ from langchain_tag.matching import (
     RuleSchemaProfile,
     Verdict,
 )
+from langchain_tag.models import as_documents, default_chat_model
 from langchain_tag.models import coerce_context as _coerce
-from langchain_tag.models import default_chat_model
 from langchain_tag.rules import Rule, Rulebook
 
 PROFILES: dict[str, RuleSchemaProfile] = {
@@ -132,9 +132,9 @@ class QueryState(TypedDict, total=False):
     """The graph's state; verdicts are cleared at the start of every run."""
 
     query: str
-    rulebook: dict[str, Any] | str
-    documents: list[Document]
-    rules: list[dict[str, Any]]
+    rulebook: dict[str, Any] | str | None
+    documents: list[Document] | None
+    rules: list[dict[str, Any]] | None
     verdicts: Annotated[list[dict[str, Any]], _verdicts]
     started: float
     answer: Any
@@ -151,46 +151,58 @@ def _environment_model() -> BaseChatModel:
     return default_chat_model()
 
 
-def _judge(context: QueryContext) -> ApplicabilityJudge:
+def _judge(
+    context: QueryContext, retry: RetryPolicy | None = None
+) -> ApplicabilityJudge:
     profile = context.profile
     if isinstance(profile, str):
         if profile not in PROFILES:
             msg = f"Unknown profile {profile!r}; choose from {sorted(PROFILES)}."
             raise ValueError(msg)
         profile = PROFILES[profile]
-    # The node's RetryPolicy retries; the judge makes one attempt per try.
     return ApplicabilityJudge(
         llm=context.judge_model or _environment_model(),
         profile=profile,
         logprobs=context.logprobs,
-        retry=RetryPolicy(max_attempts=1),
-        cache=None,
+        retry=retry or RetryPolicy(),
+        cache=None,  # judgments are cached by the graph's node cache, if any
     )
 
 
-def _executor(context: QueryContext) -> ActionOnlyExecutor:
+def _template(context: QueryContext) -> ExecutionTemplate:
     template = context.template
     if isinstance(template, str):
         if template not in TEMPLATES:
             msg = f"Unknown template {template!r}; choose from {sorted(TEMPLATES)}."
             raise ValueError(msg)
-        template = TEMPLATES[template]
+        return TEMPLATES[template]
+    return template
+
+
+def _executor(context: QueryContext) -> ActionOnlyExecutor:
     llm = context.executor_model or context.judge_model or _environment_model()
-    return ActionOnlyExecutor(llm=llm, template=template)
+    return ActionOnlyExecutor(llm=llm, template=_template(context))
 
 
 # --- nodes ---------------------------------------------------------------------------
 
 
 def load_rulebook(state: QueryState) -> dict[str, Any]:
-    """Start a run: clear earlier verdicts, read the rulebook if one was given."""
+    """Start a run: clear earlier verdicts, read the rulebook if one was given.
+
+    The run's inputs are consumed at its end (see `execute`), so on a reused thread
+    a rulebook or documents present here were given to this run.
+    """
+    context = _context()
+    _judge(context)  # unknown profile or template names fail before any model call
+    _template(context)
     update: dict[str, Any] = {"verdicts": Overwrite([]), "started": time.time()}
     given = state.get("rulebook")
     if given is None:
         if not state.get("documents"):
             msg = "The query graph needs a rulebook, or documents to extract one from."
             raise ValueError(msg)
-        return update
+        return {**update, "rules": None}
     rulebook = (
         Rulebook.load(given)
         if isinstance(given, str)
@@ -207,59 +219,106 @@ def after_load(state: QueryState) -> Literal["extract", "plan"]:
 def extract(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
     """Run the extraction graph (as a subgraph of this run) over the documents."""
     from langchain_tag.extraction import (  # noqa: PLC0415 - only when extracting
+        ExtractionInput,
         ExtractionSettings,
         build_extraction_graph,
     )
 
     context = _context()
+    inputs: ExtractionInput = {
+        "documents": as_documents(state.get("documents") or []),
+        "domain": context.domain,
+    }
     output = build_extraction_graph().invoke(
-        {"documents": state["documents"], "domain": context.domain},
-        config,
-        context=ExtractionSettings(llm=context.judge_model),
+        inputs, config, context=ExtractionSettings(llm=context.judge_model)
     )
     return {"rulebook": output["rulebook"], "rules": output["rulebook"]["rules"]}
+
+
+REVIEW_HELP = (
+    "Resume with True or {'approve': True} to keep the rules, {'drop': [rule ids]} "
+    "to remove some, or {'rules': [edited rule dicts]} to replace them."
+)
 
 
 def review(state: QueryState) -> dict[str, Any]:
     """Pause for a person to approve, edit or drop the extracted rules.
 
     Resume with `Command(resume=...)`: `True` (or `{"approve": True}`) keeps the
-    rules; `{"drop": [rule ids]}` removes some; `{"rules": [rule dicts]}` replaces
-    them with edited ones (each validated as a `Rule`).
+    rules; `{"drop": [rule ids]}` removes some (and the relations pointing at them);
+    `{"rules": [rule dicts]}` replaces them with edited ones. An answer that cannot
+    be applied is not an error that ends the run: the review asks again, saying why.
     """
     if not _context().review:
         return {}
-    decision = interrupt(
-        {
-            "message": "Approve, edit or drop the extracted rules.",
-            "rules": state["rules"],
-        }
-    )
-    rules = state["rules"]
-    if isinstance(decision, Mapping):
-        if "rules" in decision:
-            rules = [
-                Rule.model_validate(r).model_dump(mode="json")
-                for r in decision["rules"]
-            ]
-        if "drop" in decision:
-            dropped = set(decision["drop"])
-            rules = [r for r in rules if r["rule_id"] not in dropped]
-    elif decision is not True:
-        msg = (
-            "Resume the review with True, {'approve': True}, {'drop': [rule ids]} or "
-            f"{{'rules': [edited rules]}}; got {decision!r}."
+    rules = state.get("rules") or []
+    problem = None
+    while True:
+        # Each retry is a new interrupt: LangGraph replays earlier answers to the
+        # earlier interrupts, so a bad answer never sticks to the thread.
+        decision = interrupt(
+            {
+                "message": "Approve, edit or drop the extracted rules.",
+                "how": REVIEW_HELP,
+                "problem": problem,
+                "rules": rules,
+            }
         )
+        try:
+            return {"rules": apply_review(rules, decision)}
+        except (ValueError, TypeError) as error:
+            problem = str(error)
+
+
+def apply_review(rules: list[dict[str, Any]], decision: object) -> list[dict[str, Any]]:
+    """The rules after a reviewer's decision (see `review`).
+
+    Raises:
+        ValueError: The decision is not one of the accepted forms, or leaves an
+            invalid rulebook.
+    """
+    if decision is True:
+        return rules
+    if not isinstance(decision, Mapping) or not decision:
+        msg = f"Unreadable review answer {decision!r}. {REVIEW_HELP}"
         raise ValueError(msg)
-    Rulebook.from_rules(rules)  # the edited set must still be a valid rulebook
-    return {"rules": rules}
+    unknown = set(decision) - {"approve", "drop", "rules"}
+    if unknown or decision.get("approve", True) is not True:
+        msg = f"Unreadable review answer {dict(decision)!r}. {REVIEW_HELP}"
+        raise ValueError(msg)
+    if "rules" in decision:
+        rules = [
+            Rule.model_validate(r).model_dump(mode="json") for r in decision["rules"]
+        ]
+    if "drop" in decision:
+        dropped = set(decision["drop"])
+        missing = dropped - {r["rule_id"] for r in rules}
+        if missing:
+            msg = f"Cannot drop unknown rule ids {sorted(missing)}. {REVIEW_HELP}"
+            raise ValueError(msg)
+        rules = [
+            {
+                **r,
+                "relations": [
+                    rel for rel in r["relations"] if rel["other_rule_id"] not in dropped
+                ],
+            }
+            for r in rules
+            if r["rule_id"] not in dropped
+        ]
+    try:
+        Rulebook.from_rules(rules)
+    except ValidationError as error:
+        msg = f"The reviewed rules do not form a valid rulebook: {error}"
+        raise ValueError(msg) from None
+    return rules
 
 
 def to_matches(state: QueryState) -> list[Send] | str:
     """One `match_rule` task per candidate rule."""
     judge = _judge(_context())
     sends = []
-    for rule_data in state.get("rules", []):
+    for rule_data in state.get("rules") or []:
         rule = Rule.model_validate(rule_data)
         sends.append(
             Send(
@@ -282,18 +341,32 @@ class MatchRequest(TypedDict):
     cache_key: str
 
 
-def match_rule(request: MatchRequest, config: RunnableConfig) -> dict[str, Any]:
-    """Judge one rule against the query (the judge never sees the action)."""
-    rule = Rule.model_validate(request["rule"])
-    verdict = _judge(_context()).invoke((request["query"], rule), config)
-    return {"verdicts": [verdict.model_dump(mode="json")]}
+@dataclass(frozen=True)
+class RuleMatcher:
+    """The `match_rule` node: judge one rule against the query.
 
+    The judge never sees the action. It retries transient model errors itself, with
+    the graph's retry policy, and a judgment that still fails stops the run (never
+    a silent NO); a checkpointed run resumes from there.
+    """
 
-async def amatch_rule(request: MatchRequest, config: RunnableConfig) -> dict[str, Any]:
-    """Async `match_rule`."""
-    rule = Rule.model_validate(request["rule"])
-    verdict = await _judge(_context()).ainvoke((request["query"], rule), config)
-    return {"verdicts": [verdict.model_dump(mode="json")]}
+    retry: RetryPolicy
+
+    def __call__(self, request: MatchRequest, config: RunnableConfig) -> dict[str, Any]:
+        """Judge, synchronously."""
+        rule = Rule.model_validate(request["rule"])
+        judge = _judge(_context(), self.retry)
+        verdict = judge.invoke((request["query"], rule), config)
+        return {"verdicts": [verdict.model_dump(mode="json")]}
+
+    async def acall(
+        self, request: MatchRequest, config: RunnableConfig
+    ) -> dict[str, Any]:
+        """Judge, asynchronously."""
+        rule = Rule.model_validate(request["rule"])
+        judge = _judge(_context(), self.retry)
+        verdict = await judge.ainvoke((request["query"], rule), config)
+        return {"verdicts": [verdict.model_dump(mode="json")]}
 
 
 def select(
@@ -327,7 +400,7 @@ def execute(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
     context = _context()
     verdicts = [Verdict.model_validate(v) for v in state.get("verdicts", [])]
     chosen = select(
-        state.get("rules", []), verdicts, context.k, context.score_threshold
+        state.get("rules") or [], verdicts, context.k, context.score_threshold
     )
     rules = [Rule.model_validate(rule) for rule, _ in chosen]
     answer = _executor(context).invoke(
@@ -343,13 +416,20 @@ def execute(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
         for rule, v in chosen
     ]
     cost = {
-        "rules": len(state.get("rules", [])),
+        "rules": len(state.get("rules") or []),
         "judgments": len(verdicts),
         "applicable": sum(v.applies for v in verdicts),
         "executor_calls": 1,
         "seconds": round(time.time() - state.get("started", time.time()), 3),
     }
-    return {"answer": _jsonable(answer), "matches": matches, "cost": cost}
+    # The inputs are consumed, so a later run on this thread starts from its own.
+    return {
+        "answer": _jsonable(answer),
+        "matches": matches,
+        "cost": cost,
+        "rulebook": None,
+        "documents": None,
+    }
 
 
 def _jsonable(answer: Any) -> Any:
@@ -407,10 +487,10 @@ def build_query_graph(
     builder.add_node("extract", extract, retry_policy=node_retry)
     builder.add_node("review", review)
     builder.add_node("plan", _join)
+    matcher = RuleMatcher(retry)
     builder.add_node(
         "match_rule",
-        RunnableLambda(match_rule, afunc=amatch_rule, name="match_rule"),
-        retry_policy=node_retry,
+        RunnableLambda(matcher, afunc=matcher.acall, name="match_rule"),
         cache_policy=CachePolicy(key_func=_judgment_key),
         input_schema=MatchRequest,
     )

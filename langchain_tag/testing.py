@@ -207,7 +207,11 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"style": self.style, "confidence": self.confidence}
+        return {
+            "style": self.style,
+            "confidence": self.confidence,
+            "logprobs": self.logprobs,
+        }
 
     def _fault_key(self, prompt: str) -> str:
         parsed = judge_fields(prompt)

@@ -47,6 +47,7 @@ ProgressCallback = Callable[[str, int], None]
 
 __all__ = [
     "DEFAULT_CHECKPOINT",
+    "ExtractionInput",
     "ExtractionReport",
     "ExtractionSettings",
     "PhaseReport",

@@ -61,7 +61,12 @@ from langchain_tag.extraction.verification import (
     independence,
 )
 from langchain_tag.matching import RetryPolicy, model_identity
-from langchain_tag.models import coerce_context, default_chat_model, with_settings
+from langchain_tag.models import (
+    as_documents,
+    coerce_context,
+    default_chat_model,
+    with_settings,
+)
 from langchain_tag.rules import (
     FORMAT_VERSION,
     Rule,
@@ -298,7 +303,7 @@ def _document_ids(documents: Sequence[Document]) -> list[str]:
 def prepare(state: ExtractionState) -> dict[str, Any]:
     """Split every document into sections and fix the run's model identity."""
     settings = _settings()
-    documents = state["documents"]
+    documents = as_documents(state["documents"])
     ids = _document_ids(documents)
     sections: list[Section] = []
     for doc, document_id in zip(documents, ids, strict=True):
@@ -310,6 +315,7 @@ def prepare(state: ExtractionState) -> dict[str, Any]:
             max_tokens=settings.max_section_tokens,
         )
     return {
+        "documents": documents,  # as Documents, also when a server sent JSON
         "started": time.time(),
         "model_key": model_identity(_model(settings)),
         "document_ids": ids,

@@ -1,0 +1,408 @@
+"""Both Studio graphs (langgraph.json) served by `langgraph dev`, driven by the SDK.
+
+The server runs as a subprocess on a free loopback port, with its models pointed by
+`OPENAI_BASE_URL` at a `FakeOpenAIServer` on loopback too, so everything is offline:
+the graphs' real `ChatOpenAI` talks HTTP to fakes that judge by backtick-quoted
+condition fragments and play the extraction phases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForLLMRun,
+    CallbackManagerForLLMRun,
+)
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage
+from langchain_core.outputs import ChatResult
+from pydantic import Field
+
+from langchain_tag import Rulebook, prompts
+from langchain_tag.testing import (
+    ExtractionFakeChatModel,
+    FakeOpenAIServer,
+    RuleAwareFakeChatModel,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+LANGGRAPH = Path(sys.executable).with_name("langgraph")
+
+if not LANGGRAPH.is_file():
+    pytest.skip(
+        f"the langgraph CLI is not installed next to {sys.executable} "
+        "(install the `server` dependency group: langgraph-cli[inmem])",
+        allow_module_level=True,
+    )
+if importlib.util.find_spec("langgraph_api") is None:
+    pytest.skip(
+        "`langgraph dev` needs the in-memory server: install langgraph-cli[inmem] "
+        "(the `server` dependency group)",
+        allow_module_level=True,
+    )
+try:
+    from langgraph_sdk import get_client
+    from langgraph_sdk.client import LangGraphClient
+except ImportError:  # pragma: no cover - depends on the environment
+    pytest.skip(
+        "langgraph_sdk is not installed (it comes with langgraph-cli[inmem])",
+        allow_module_level=True,
+    )
+
+pytestmark = pytest.mark.server
+
+STARTUP_SECONDS = 60.0
+CALL_SECONDS = 30.0
+STOP_SECONDS = 10.0
+
+QUERY = "from os import *\n\nif x == None:\n    pass\n"
+MATCHED = ["PEP8-IMPORT-WILDCARD", "PEP8-NONE-IDENTITY"]
+OTHER_QUERY = "square = lambda x: x * x\n"
+
+STYLE_GUIDE = """\
+# Style
+
+Wildcard imports such as `from os import *` must never be used.
+
+Bare `except:` clauses should never be used.
+"""
+
+EXTRACTION_MARKERS = tuple(
+    system.split("{domain}")[0]
+    for system in (
+        prompts.SPAN_DETECTION_SYSTEM,
+        prompts.DECOMPOSITION_SYSTEM,
+        prompts.OPERATIONALISATION_SYSTEM,
+        prompts.RELATIONS_SYSTEM,
+    )
+)
+
+T = TypeVar("T")
+
+
+class JudgeAndExtractorFakeChatModel(BaseChatModel):
+    """Extraction prompts to an `ExtractionFakeChatModel`, others to the judge fake."""
+
+    judge: RuleAwareFakeChatModel = Field(default_factory=RuleAwareFakeChatModel)
+    extractor: ExtractionFakeChatModel = Field(default_factory=ExtractionFakeChatModel)
+
+    @property
+    def _llm_type(self) -> str:
+        return "judge-and-extractor-fake"
+
+    def _delegate(self, messages: Sequence[BaseMessage]) -> BaseChatModel:
+        text = "\n".join(str(m.content) for m in messages)
+        if any(marker in text for marker in EXTRACTION_MARKERS):
+            return self.extractor
+        return self.judge
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return self._delegate(messages)._generate(messages, stop=stop, **kwargs)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return await self._delegate(messages)._agenerate(messages, stop=stop, **kwargs)
+
+
+# --- the servers ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def log_tail(log: Path, lines: int = 40) -> str:
+    text = log.read_text(encoding="utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def wait_until_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(
+                f"langgraph dev exited with {process.returncode} before answering; "
+                f"its log ends:\n{log_tail(log)}"
+            )
+        try:
+            with urllib.request.urlopen(f"{url}/ok", timeout=2) as response:  # noqa: S310 - our loopback URL
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.25)
+    pytest.fail(
+        f"langgraph dev did not answer {url}/ok within {STARTUP_SECONDS:.0f} s; its "
+        f"log ends:\n{log_tail(log)}"
+    )
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Terminate the server's process group; kill it if it does not stop in time."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=STOP_SECONDS)
+    # Children that outlived the leader (workers) go with the group.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def fake_openai() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(JudgeAndExtractorFakeChatModel()) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def studio(
+    fake_openai: FakeOpenAIServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The URL of a `langgraph dev` serving this repository's langgraph.json."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "LANGGRAPH_CLI_NO_ANALYTICS": "1",
+        "LANGSMITH_TRACING": "false",
+        "OPENAI_BASE_URL": fake_openai.base_url,
+        "OPENAI_API_KEY": "test",
+        "TAG_MODEL": "fake",
+    }
+    log = tmp_path_factory.mktemp("studio") / "langgraph-dev.log"
+    command = [
+        str(LANGGRAPH),
+        "dev",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-browser",
+        "--no-reload",
+    ]
+    with log.open("wb") as output:
+        process = subprocess.Popen(  # noqa: S603 - fixed arguments
+            command,
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            wait_until_ready(url, process, log)
+            yield url
+        finally:
+            stop(process)
+
+
+@pytest.fixture
+async def client(studio: str) -> AsyncIterator[LangGraphClient]:
+    sdk = get_client(url=studio, api_key=None)
+    try:
+        yield sdk
+    finally:
+        await sdk.aclose()
+
+
+@pytest.fixture
+def pep8_json(pep8_rulebook: Rulebook) -> dict[str, Any]:
+    return pep8_rulebook.model_dump(mode="json")
+
+
+async def bounded(call: Awaitable[T]) -> T:
+    return await asyncio.wait_for(call, timeout=CALL_SECONDS)
+
+
+def ids(matches: Sequence[dict[str, Any]]) -> list[str]:
+    return [m["rule_id"] for m in matches]
+
+
+# --- tests ----------------------------------------------------------------------------
+
+
+async def test_both_graphs_are_served(client: LangGraphClient) -> None:
+    assistants = await bounded(client.assistants.search(limit=50))
+    by_graph = {a["graph_id"]: a["assistant_id"] for a in assistants}
+    assert {"tag_query", "tag_extraction"} <= set(by_graph)
+
+    query = await bounded(client.assistants.get_graph(by_graph["tag_query"]))
+    nodes = {n["id"] for n in query["nodes"]}
+    assert {"load_rulebook", "extract", "review", "match_rule", "execute"} <= nodes
+
+    extraction = await bounded(client.assistants.get_graph(by_graph["tag_extraction"]))
+    nodes = {n["id"] for n in extraction["nodes"]}
+    assert {"prepare", "detect_spans", "operationalise", "verify", "finalize"} <= nodes
+
+
+async def test_query_run_streams_the_per_rule_fan_out(
+    client: LangGraphClient,
+    fake_openai: FakeOpenAIServer,
+    pep8_rulebook: Rulebook,
+    pep8_json: dict[str, Any],
+) -> None:
+    thread = await bounded(client.threads.create())
+    before = len(fake_openai.requests)
+
+    async def collect() -> list[dict[str, Any]]:
+        return [
+            part.data
+            async for part in client.runs.stream(
+                thread["thread_id"],
+                "tag_query",
+                input={"query": QUERY, "rulebook": pep8_json},
+                stream_mode="updates",
+            )
+            if part.event == "updates"
+        ]
+
+    updates = await bounded(collect())
+    nodes = [node for update in updates for node in update]
+    # The server streams updates filtered to the output keys, so a match_rule
+    # update shows up (one per rule) but carries no verdict; the state has them.
+    assert nodes.count("match_rule") == len(pep8_rulebook)
+    assert nodes[-1] == "execute"
+    executed = updates[-1]["execute"]
+    assert ids(executed["matches"]) == MATCHED
+    assert executed["cost"]["judgments"] == len(pep8_rulebook)
+
+    # The judge and the executor went over HTTP to the fake, as TAG_MODEL says.
+    requests = fake_openai.requests[before:]
+    assert len(requests) == len(pep8_rulebook) + 1
+    assert {r["model"] for r in requests} == {"fake"}
+
+    state = await bounded(client.threads.get_state(thread["thread_id"]))
+    values: Any = state["values"]
+    assert ids(values["matches"]) == MATCHED
+    assert values["answer"] == executed["answer"]
+    assert len(values["verdicts"]) == len(pep8_rulebook)
+
+    # Another run on the same thread (the server's checkpointer keeps it).
+    output: Any = await bounded(
+        client.runs.wait(
+            thread["thread_id"],
+            "tag_query",
+            input={"query": OTHER_QUERY, "rulebook": pep8_json},
+        )
+    )
+    assert ids(output["matches"]) == ["PEP8-LAMBDA-ASSIGN"]
+    state = await bounded(client.threads.get_state(thread["thread_id"]))
+    values = state["values"]
+    assert len(values["verdicts"]) == len(pep8_rulebook)
+    assert ids(values["matches"]) == ["PEP8-LAMBDA-ASSIGN"]
+
+
+async def test_context_k_limits_the_matches(
+    client: LangGraphClient, pep8_json: dict[str, Any]
+) -> None:
+    output: Any = await bounded(
+        client.runs.wait(
+            None,
+            "tag_query",
+            input={"query": QUERY, "rulebook": pep8_json},
+            context={"k": 1},
+        )
+    )
+    assert ids(output["matches"]) == MATCHED[:1]
+    assert output["cost"]["applicable"] == len(MATCHED)
+    assert "PEP8-NONE-IDENTITY" not in output["answer"]
+
+
+async def test_unknown_context_keys_are_ignored(
+    client: LangGraphClient, pep8_json: dict[str, Any]
+) -> None:
+    """The server drops context keys that are not in the graph's context schema."""
+    output: Any = await bounded(
+        client.runs.wait(
+            None,
+            "tag_query",
+            input={"query": QUERY, "rulebook": pep8_json},
+            context={"k": 1, "from_a_newer_client": True},
+            raise_error=False,
+        )
+    )
+    assert "__error__" not in output, output["__error__"]
+    assert ids(output["matches"]) == MATCHED[:1]
+
+
+DOCUMENTS: list[dict[str, Any]] = [
+    {"page_content": STYLE_GUIDE, "metadata": {"source": "style.md"}}
+]
+"""Documents as JSON, the only way a server client (or Studio) can send them."""
+
+
+async def test_extraction_run_returns_a_rulebook(client: LangGraphClient) -> None:
+    extraction_input: dict[str, Any] = {
+        "documents": DOCUMENTS,
+        "domain": "Python code style",
+    }
+    thread = await bounded(client.threads.create())
+    output: Any = await bounded(
+        client.runs.wait(
+            thread["thread_id"],
+            "tag_extraction",
+            input=extraction_input,
+            raise_error=False,
+        )
+    )
+    assert "__error__" not in output, output["__error__"]
+    rulebook = Rulebook.model_validate(output["rulebook"])
+    assert len(rulebook) == 2
+    assert {r.condition for r in rulebook.rules} == {
+        "The input contains `from os import *`",
+        "The input contains `except:`",
+    }
+
+
+async def test_query_run_with_documents_extracts_then_matches(
+    client: LangGraphClient,
+) -> None:
+    query_input: dict[str, Any] = {
+        "query": "from os import *\ntry:\n    f()\nexcept:\n    pass\n",
+        "documents": DOCUMENTS,
+    }
+    output: Any = await bounded(
+        client.runs.wait(
+            None,
+            "tag_query",
+            input=query_input,
+            raise_error=False,
+        )
+    )
+    assert "__error__" not in output, output["__error__"]
+    assert len(output["matches"]) == 2
