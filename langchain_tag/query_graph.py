@@ -19,14 +19,13 @@ from typing import Annotated, Any, Literal
 
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.cache.base import BaseCache
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import get_runtime
 from langgraph.types import CachePolicy, Overwrite, Send, interrupt
-from langgraph.types import RetryPolicy as GraphRetryPolicy
 from pydantic import ConfigDict, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import NotRequired, TypedDict
@@ -39,6 +38,7 @@ from langchain_tag.execution import (
     ActionOnlyExecutor,
     ExecutionTemplate,
 )
+from langchain_tag.extraction.graph import node_retry_policy
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     NBA_PROFILE,
@@ -466,17 +466,8 @@ def build_query_graph(
             judged by the same model and profile is not sent again.
         retry: Backoff for transient model errors on the judge and executor nodes.
     """
-    from langchain_core.runnables import RunnableLambda  # noqa: PLC0415
-
     retry = retry or RetryPolicy()
-    node_retry = GraphRetryPolicy(
-        initial_interval=retry.initial_delay,
-        backoff_factor=retry.backoff,
-        max_interval=retry.max_delay,
-        max_attempts=retry.max_attempts,
-        jitter=False,
-        retry_on=retry.is_transient,
-    )
+    node_retry = node_retry_policy(retry)
     builder = StateGraph(
         QueryState,
         context_schema=QueryContext,

@@ -476,6 +476,54 @@ class ExtractionFakeChatModel(ScriptedFakeChatModel):
         return {"relations": found}
 
 
+class JudgeAndExtractorFakeChatModel(BaseChatModel):
+    """One fake for every role a TAG run gives one model: extractor, judge, executor.
+
+    Extraction prompts go to `extractor`; every other prompt (judge and executor) to
+    `judge`. Useful where one model is configured for all of them, as in the query
+    graph's `judge_model` or a LangGraph server configured from the environment.
+    """
+
+    judge: RuleAwareFakeChatModel = Field(default_factory=RuleAwareFakeChatModel)
+    extractor: ExtractionFakeChatModel = Field(default_factory=ExtractionFakeChatModel)
+
+    @property
+    def _llm_type(self) -> str:
+        return "judge-and-extractor-fake"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "judge": self.judge._identifying_params,  # noqa: SLF001
+            "extractor": self.extractor._identifying_params,  # noqa: SLF001
+        }
+
+    def _delegate(self, messages: Sequence[BaseMessage]) -> ScriptedFakeChatModel:
+        prompt = "\n".join(str(m.content) for m in messages)
+        extracting = self.extractor._fault_key(prompt)  # noqa: SLF001 - its phase
+        return self.extractor if extracting else self.judge
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        delegate = self._delegate(messages)
+        return delegate._generate(messages, stop=stop, **kwargs)  # noqa: SLF001
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        delegate = self._delegate(messages)
+        return await delegate._agenerate(messages, stop=stop, **kwargs)  # noqa: SLF001
+
+
 class FakeOpenAIServer:
     """An OpenAI-compatible `/v1/chat/completions` endpoint on loopback, for tests.
 

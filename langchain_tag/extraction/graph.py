@@ -959,6 +959,19 @@ def _report(
 # --- the graph ---------------------------------------------------------------------
 
 
+def node_retry_policy(retry: RetryPolicy) -> GraphRetryPolicy:
+    """Our retry policy as a LangGraph node `RetryPolicy`."""
+    return GraphRetryPolicy(
+        initial_interval=retry.initial_delay,
+        backoff_factor=retry.backoff,
+        max_interval=retry.max_delay,
+        max_attempts=retry.max_attempts,
+        # LangGraph's jitter adds up to a second to every wait, whatever the policy.
+        jitter=False,
+        retry_on=retry.is_transient,
+    )
+
+
 def build_extraction_graph(
     *,
     checkpointer: BaseCheckpointSaver[Any] | None = None,
@@ -972,16 +985,7 @@ def build_extraction_graph(
         checkpointer: Makes runs resumable (e.g. `SqliteSaver`); None for none.
         retry: Backoff for transient model errors on the LLM nodes.
     """
-    retry = retry or RetryPolicy()
-    node_retry = GraphRetryPolicy(
-        initial_interval=retry.initial_delay,
-        backoff_factor=retry.backoff,
-        max_interval=retry.max_delay,
-        max_attempts=retry.max_attempts,
-        # LangGraph's jitter adds up to a second to every wait, whatever the policy.
-        jitter=False,
-        retry_on=retry.is_transient,
-    )
+    node_retry = node_retry_policy(retry or RetryPolicy())
     builder = StateGraph(
         ExtractionState,
         context_schema=ExtractionSettings,

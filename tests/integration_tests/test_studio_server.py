@@ -24,20 +24,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from langchain_core.callbacks import (
-    AsyncCallbackManagerForLLMRun,
-    CallbackManagerForLLMRun,
-)
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import BaseMessage
-from langchain_core.outputs import ChatResult
-from pydantic import Field
 
-from langchain_tag import Rulebook, prompts
+from langchain_tag import Rulebook
 from langchain_tag.testing import (
-    ExtractionFakeChatModel,
     FakeOpenAIServer,
-    RuleAwareFakeChatModel,
+    JudgeAndExtractorFakeChatModel,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,52 +73,7 @@ Wildcard imports such as `from os import *` must never be used.
 Bare `except:` clauses should never be used.
 """
 
-EXTRACTION_MARKERS = tuple(
-    system.split("{domain}")[0]
-    for system in (
-        prompts.SPAN_DETECTION_SYSTEM,
-        prompts.DECOMPOSITION_SYSTEM,
-        prompts.OPERATIONALISATION_SYSTEM,
-        prompts.RELATIONS_SYSTEM,
-    )
-)
-
 T = TypeVar("T")
-
-
-class JudgeAndExtractorFakeChatModel(BaseChatModel):
-    """Extraction prompts to an `ExtractionFakeChatModel`, others to the judge fake."""
-
-    judge: RuleAwareFakeChatModel = Field(default_factory=RuleAwareFakeChatModel)
-    extractor: ExtractionFakeChatModel = Field(default_factory=ExtractionFakeChatModel)
-
-    @property
-    def _llm_type(self) -> str:
-        return "judge-and-extractor-fake"
-
-    def _delegate(self, messages: Sequence[BaseMessage]) -> BaseChatModel:
-        text = "\n".join(str(m.content) for m in messages)
-        if any(marker in text for marker in EXTRACTION_MARKERS):
-            return self.extractor
-        return self.judge
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        return self._delegate(messages)._generate(messages, stop=stop, **kwargs)
-
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        return await self._delegate(messages)._agenerate(messages, stop=stop, **kwargs)
 
 
 # --- the servers ----------------------------------------------------------------------

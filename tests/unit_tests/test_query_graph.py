@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from langchain_core.callbacks import (
-    AsyncCallbackManagerForLLMRun,
     CallbackManagerForLLMRun,
 )
 from langchain_core.documents import Document
@@ -45,7 +44,7 @@ from langchain_tag.query_graph import (
     select,
 )
 from langchain_tag.testing import (
-    ExtractionFakeChatModel,
+    JudgeAndExtractorFakeChatModel,
     RuleAwareFakeChatModel,
     TransientFakeError,
 )
@@ -76,65 +75,8 @@ Function names should be lowercase in old code too, as in `read_file`.
 DOCS_QUERY = "from os import *\ntry:\n    f()\nexcept:\n    pass\n"
 """Satisfies the extracted wildcard-import and bare-except rules."""
 
-EXTRACTION_MARKERS = tuple(
-    system.split("{domain}")[0]
-    for system in (
-        prompts.SPAN_DETECTION_SYSTEM,
-        prompts.DECOMPOSITION_SYSTEM,
-        prompts.OPERATIONALISATION_SYSTEM,
-        prompts.RELATIONS_SYSTEM,
-    )
-)
-"""Opening words of the extraction phases' system prompts (recovery reuses phase 3)."""
-
 
 # --- test-local models ---------------------------------------------------------------
-
-
-class JudgeAndExtractorFakeChatModel(BaseChatModel):
-    """One model for `QueryContext.judge_model`, which `extract` also extracts with.
-
-    Extraction prompts go to an `ExtractionFakeChatModel`; every other prompt (judge
-    and executor) to a `RuleAwareFakeChatModel`.
-    """
-
-    judge: RuleAwareFakeChatModel = Field(default_factory=RuleAwareFakeChatModel)
-    extractor: ExtractionFakeChatModel = Field(default_factory=ExtractionFakeChatModel)
-
-    @property
-    def _llm_type(self) -> str:
-        return "judge-and-extractor-fake"
-
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return {
-            "judge": self.judge._identifying_params,
-            "extractor": self.extractor._identifying_params,
-        }
-
-    def _delegate(self, messages: Sequence[BaseMessage]) -> BaseChatModel:
-        text = "\n".join(str(m.content) for m in messages)
-        if any(marker in text for marker in EXTRACTION_MARKERS):
-            return self.extractor
-        return self.judge
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        return self._delegate(messages)._generate(messages, stop=stop, **kwargs)
-
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        return await self._delegate(messages)._agenerate(messages, stop=stop, **kwargs)
 
 
 class CannedChatModel(BaseChatModel):
