@@ -76,12 +76,17 @@ class Verdict(BaseModel):
 
 
 class JudgmentError(RuntimeError):
-    """A judgment failed after its retries under `on_error="raise"`."""
+    """A judgment failed after its retries under `on_error="raise"`.
 
-    def __init__(self, rule_id: str, error: str) -> None:
+    `transient` tells whether the last error was one worth retrying later (a rate
+    limit, a timeout): an outer retry, such as a LangGraph node's, may try again.
+    """
+
+    def __init__(self, rule_id: str, error: str, *, transient: bool = False) -> None:
         """Record which rule's judgment failed and why."""
         self.rule_id = rule_id
         self.error = error
+        self.transient = transient
         super().__init__(
             f"Judging rule {rule_id!r} failed: {error}. Nothing was assumed about it; "
             "retry later, or set on_error='not_applicable' to continue with such "
@@ -131,6 +136,8 @@ class RetryPolicy:
         """Whether `error` is worth retrying."""
         if isinstance(error, self.retry_on) or _is_openai_connection_error(error):
             return True
+        if isinstance(error, JudgmentError):
+            return error.transient
         return getattr(error, "status_code", None) in _TRANSIENT_STATUS
 
     def delay(self, attempt: int) -> float:
@@ -558,9 +565,9 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
             reason=decision.reason,
         )
 
-    def _failed(self, rule: Rule, error: str) -> Verdict:
+    def _failed(self, rule: Rule, error: str, *, transient: bool = False) -> Verdict:
         if self.on_error == "raise":
-            raise JudgmentError(rule.rule_id, error)
+            raise JudgmentError(rule.rule_id, error, transient=transient)
         return Verdict(rule_id=rule.rule_id, applies=False, error=error)
 
     def _after_error(
@@ -572,7 +579,11 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
         described = (
             f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
         )
-        return self._failed(rule, f"{described} (after {attempt} attempt(s))")
+        return self._failed(
+            rule,
+            f"{described} (after {attempt} attempt(s))",
+            transient=self.retry.is_transient(error),
+        )
 
     # The judgment bodies take (input, run_manager, config) so that `invoke` can run
     # them inside a run of the judge's own; the fan-outs call them directly and let

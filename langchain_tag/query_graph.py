@@ -341,32 +341,28 @@ class MatchRequest(TypedDict):
     cache_key: str
 
 
-@dataclass(frozen=True)
-class RuleMatcher:
-    """The `match_rule` node: judge one rule against the query.
+# The node's RetryPolicy retries a judgment whose error was transient; the judge
+# itself makes one attempt per try, so the two do not multiply.
+_ONE_ATTEMPT = RetryPolicy(max_attempts=1)
 
-    The judge never sees the action. It retries transient model errors itself, with
-    the graph's retry policy, and a judgment that still fails stops the run (never
-    a silent NO); a checkpointed run resumes from there.
+
+def match_rule(request: MatchRequest, config: RunnableConfig) -> dict[str, Any]:
+    """Judge one rule against the query (the judge never sees the action).
+
+    A judgment that still fails after the node's retries stops the run (never a
+    silent NO); a checkpointed run resumes from there.
     """
+    rule = Rule.model_validate(request["rule"])
+    verdict = _judge(_context(), _ONE_ATTEMPT).invoke((request["query"], rule), config)
+    return {"verdicts": [verdict.model_dump(mode="json")]}
 
-    retry: RetryPolicy
 
-    def __call__(self, request: MatchRequest, config: RunnableConfig) -> dict[str, Any]:
-        """Judge, synchronously."""
-        rule = Rule.model_validate(request["rule"])
-        judge = _judge(_context(), self.retry)
-        verdict = judge.invoke((request["query"], rule), config)
-        return {"verdicts": [verdict.model_dump(mode="json")]}
-
-    async def acall(
-        self, request: MatchRequest, config: RunnableConfig
-    ) -> dict[str, Any]:
-        """Judge, asynchronously."""
-        rule = Rule.model_validate(request["rule"])
-        judge = _judge(_context(), self.retry)
-        verdict = await judge.ainvoke((request["query"], rule), config)
-        return {"verdicts": [verdict.model_dump(mode="json")]}
+async def amatch_rule(request: MatchRequest, config: RunnableConfig) -> dict[str, Any]:
+    """Async `match_rule`."""
+    rule = Rule.model_validate(request["rule"])
+    judge = _judge(_context(), _ONE_ATTEMPT)
+    verdict = await judge.ainvoke((request["query"], rule), config)
+    return {"verdicts": [verdict.model_dump(mode="json")]}
 
 
 def select(
@@ -478,10 +474,10 @@ def build_query_graph(
     builder.add_node("extract", extract, retry_policy=node_retry)
     builder.add_node("review", review)
     builder.add_node("plan", _join)
-    matcher = RuleMatcher(retry)
     builder.add_node(
         "match_rule",
-        RunnableLambda(matcher, afunc=matcher.acall, name="match_rule"),
+        RunnableLambda(match_rule, afunc=amatch_rule, name="match_rule"),
+        retry_policy=node_retry,
         cache_policy=CachePolicy(key_func=_judgment_key),
         input_schema=MatchRequest,
     )

@@ -366,14 +366,19 @@ def test_exhausted_retries_raise_with_the_rule_and_cause() -> None:
         judge.invoke(("trigger-000", rule))
     assert "after 4 attempt(s)" in str(caught.value)
     assert caught.value.rule_id == "R-000"
+    # An outer retry (a LangGraph node's) may try a transient failure again.
+    assert caught.value.transient
+    assert RetryPolicy().is_transient(caught.value)
     assert llm.calls == 4
 
 
 def test_permanent_errors_are_not_retried() -> None:
     rule = make_rules(1)[0]
     llm = RuleAwareFakeChatModel(faults={rule.rule_id: [ValueError("bad request")]})
-    with pytest.raises(JudgmentError, match="ValueError: bad request"):
+    with pytest.raises(JudgmentError, match="ValueError: bad request") as caught:
         ApplicabilityJudge(llm=llm, retry=FAST_RETRY).invoke(("x", rule))
+    assert not caught.value.transient
+    assert not RetryPolicy().is_transient(caught.value)
     assert llm.calls == 1
 
 
