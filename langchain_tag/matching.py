@@ -260,16 +260,21 @@ class ParsedVerdict(NamedTuple):
 
 _THINKING = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.DOTALL | re.IGNORECASE)
 _JSON_OBJECT = re.compile(r"\{[^{}]*\}")
+# A `verdict: YES` line counts only at the start of a line, so that quoted code
+# such as `applicable = True` in an explanation is never read as the decision.
 _KEYED = re.compile(
-    r"\b(?:verdict|answer|decision|applicable|applies)\b[\"']?\s*[:=]\s*[\"']?\s*"
-    r"(yes|no|true|false)\b",
-    re.IGNORECASE,
+    r"^[\s*_`\"'>#-]*(?:verdict|answer|decision|applicable|applies)\b[*_`\"']*"
+    r"\s*[:=]\s*[*_`\"']*\s*(yes|no|true|false)\b",
+    re.IGNORECASE | re.MULTILINE,
 )
+# A leading label must end the word there: "Applicable? No" and "YES/NO: NO" echo
+# the question or the format, they do not answer it.
 _LEADING = re.compile(
-    r"^[\s*_`\"'>#(\[-]*(yes|no|true|false|not applicable|applicable)\b",
+    r"^[\s*_`\"'>#(\[-]*(yes|no|true|false|not applicable|applicable)(?![?/\w])",
     re.IGNORECASE,
 )
 _STANDALONE = re.compile(r"\b(YES|NO)\b")
+_NEGATED = re.compile(r"(?:\bnot|\bnever|n't|\bcannot)\s+(?:be\s+)?$", re.IGNORECASE)
 _VALUES = {
     "yes": True,
     "true": True,
@@ -312,17 +317,24 @@ def parse_verdict(text: str) -> ParsedVerdict | None:
             continue
         if decision is not None:
             return decision
-    keyed = _KEYED.search(cleaned)
-    if keyed:
-        return ParsedVerdict(_VALUES[keyed.group(1).lower()], None)
     leading = _LEADING.match(cleaned)
     if leading:
         rest = cleaned[leading.end() :].strip(" \t\n,.:;-*_`\"'")
         return ParsedVerdict(_VALUES[leading.group(1).lower()], rest[:500] or None)
-    labels = set(_STANDALONE.findall(cleaned))
-    if len(labels) == 1:
-        return ParsedVerdict(labels.pop() == "YES", None)
-    return None
+    keyed = _KEYED.search(cleaned)
+    if keyed:
+        return ParsedVerdict(_VALUES[keyed.group(1).lower()], None)
+    return _lone_label(cleaned)
+
+
+def _lone_label(text: str) -> ParsedVerdict | None:
+    """The decision when exactly one of YES and NO occurs, never negated."""
+    labels = set()
+    for found in _STANDALONE.finditer(text):
+        if _NEGATED.search(text[max(0, found.start() - 12) : found.start()]):
+            return None  # "not YES" is no answer to trust either way
+        labels.add(found.group(1))
+    return ParsedVerdict(labels.pop() == "YES", None) if len(labels) == 1 else None
 
 
 def _label(token: str) -> bool | None:
@@ -337,28 +349,40 @@ def _label(token: str) -> bool | None:
 def score_from_logprobs(message: BaseMessage) -> float | None:
     """P(YES) / (P(YES) + P(NO)) at the verdict token, from OpenAI-style logprobs.
 
-    Reads `response_metadata["logprobs"]["content"]`: the first token that is a
-    verdict label, and its `top_logprobs` alternatives. Returns None when the model
-    returned no logprobs or no verdict token.
+    Reads `response_metadata["logprobs"]["content"]`: the first verdict label after
+    any `<think>` block, and its `top_logprobs` alternatives. Returns None when the
+    model returned no usable logprobs or no verdict token; never raises.
     """
     logprobs = message.response_metadata.get("logprobs")
     content = logprobs.get("content") if isinstance(logprobs, Mapping) else logprobs
     if not isinstance(content, list):
         return None
-    for entry in content:
-        if (
-            not isinstance(entry, Mapping)
-            or _label(str(entry.get("token", ""))) is None
-        ):
+    entries = [e for e in content if isinstance(e, Mapping)]
+    tokens = [str(e.get("token", "")) for e in entries]
+    # The decision follows a reasoning model's thinking; labels inside it are not it.
+    answer_starts = _end_of_thinking("".join(tokens))
+    offset = 0
+    for entry, token in zip(entries, tokens, strict=True):
+        offset += len(token)
+        if offset <= answer_starts or _label(token) is None:
             continue
         mass = {True: 0.0, False: 0.0}
-        for alternative in entry.get("top_logprobs") or [entry]:
+        alternatives = entry.get("top_logprobs") or [entry]
+        for alternative in alternatives if isinstance(alternatives, list) else []:
+            if not isinstance(alternative, Mapping):
+                continue
             label = _label(str(alternative.get("token", "")))
-            if label is not None:
-                mass[label] += math.exp(float(alternative.get("logprob", -math.inf)))
+            logprob = alternative.get("logprob")
+            if label is not None and isinstance(logprob, int | float):
+                mass[label] += math.exp(logprob)
         total = mass[True] + mass[False]
         return None if total == 0 else mass[True] / total
     return None
+
+
+def _end_of_thinking(text: str) -> int:
+    closing = list(re.finditer(r"</think(?:ing)?>", text, re.IGNORECASE))
+    return closing[-1].end() if closing else 0
 
 
 # --- The judge ----------------------------------------------------------------------
@@ -386,9 +410,20 @@ def _unpack(request: JudgeInput) -> tuple[str, Rule]:
     return text, rule
 
 
+_ENDPOINT_FIELDS = ("openai_api_base", "base_url", "api_base", "endpoint_url", "host")
+
+
 def model_identity(llm: BaseChatModel) -> str:
-    """A string naming the model and its generation settings, for cache keys."""
+    """A string naming the model, its settings and its endpoint, for cache keys.
+
+    The endpoint matters: two OpenAI-compatible servers may serve different models
+    under one name, and `_identifying_params` leaves the address out.
+    """
     params = dict(llm._identifying_params)  # noqa: SLF001 - the public-facing identity
+    for name in _ENDPOINT_FIELDS:
+        value = getattr(llm, name, None)
+        if isinstance(value, str) and value:
+            params[f"endpoint:{name}"] = value
     return f"{type(llm).__module__}.{type(llm).__qualname__}:" + json.dumps(
         params, sort_keys=True, default=str
     )
@@ -458,7 +493,15 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
             [
                 prompts.PROMPT_VERSION,
                 self.profile.name,
-                hashlib.sha256(self.profile.system_prompt.encode()).hexdigest(),
+                hashlib.sha256(
+                    json.dumps(
+                        [
+                            self.profile.system_prompt,
+                            self.profile.output_instruction,
+                            self.profile.output_schema.__name__,
+                        ]
+                    ).encode()
+                ).hexdigest(),
                 model_identity(model),
             ]
         )
@@ -565,6 +608,15 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
             reason=decision.reason,
         )
 
+    def _read(self, rule: Rule, output: Any) -> Verdict:
+        # Whatever shape the output has, a failure to read it is a failed judgment.
+        try:
+            return self._from_output(rule, output)
+        except JudgmentError:
+            raise
+        except Exception as error:  # noqa: BLE001 - reported through the policy
+            return self._failed(rule, f"unreadable judge output ({error!r})")
+
     def _failed(self, rule: Rule, error: str, *, transient: bool = False) -> Verdict:
         if self.on_error == "raise":
             raise JudgmentError(rule.rule_id, error, transient=transient)
@@ -597,7 +649,9 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
         text, rule = _unpack(request)
         key = self.cache_key(text, rule) if self.cache is not None else ""
         if self.cache is not None and (hit := self.cache.lookup(key)) is not None:
-            return Verdict.model_validate_json(hit).model_copy(update={"cached": True})
+            return Verdict.model_validate_json(hit).model_copy(
+                update={"cached": True, "rule_id": rule.rule_id}
+            )
         messages = self.messages(text, rule)
         for attempt in itertools.count(1):
             try:
@@ -608,7 +662,7 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
                     return outcome
                 time.sleep(outcome)
                 continue
-            verdict = self._from_output(rule, output)
+            verdict = self._read(rule, output)
             if self.cache is not None and not verdict.failed:
                 self.cache.update(key, verdict.model_dump_json())
             return verdict
@@ -626,7 +680,9 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
             self.cache is not None
             and (hit := await self.cache.alookup(key)) is not None
         ):
-            return Verdict.model_validate_json(hit).model_copy(update={"cached": True})
+            return Verdict.model_validate_json(hit).model_copy(
+                update={"cached": True, "rule_id": rule.rule_id}
+            )
         messages = self.messages(text, rule)
         for attempt in itertools.count(1):
             try:
@@ -637,7 +693,7 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
                     return outcome
                 await asyncio.sleep(outcome)
                 continue
-            verdict = self._from_output(rule, output)
+            verdict = self._read(rule, output)
             if self.cache is not None and not verdict.failed:
                 await self.cache.aupdate(key, verdict.model_dump_json())
             return verdict

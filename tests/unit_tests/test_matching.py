@@ -509,3 +509,31 @@ async def test_sqlite_cache_persists_across_judges(tmp_path: Any) -> None:
     assert [v.applies for v in again].count(True) == 2
     assert all(v.cached for v in again)
     assert isinstance(again[0], Verdict)
+
+
+async def test_limiter_survives_cancelled_waiters() -> None:
+    limiter = ConcurrencyLimiter(1)
+    release = asyncio.Event()
+
+    async def holder() -> None:
+        async with limiter.ahold():
+            await release.wait()
+
+    async def waiter() -> None:
+        async with limiter.ahold():
+            pass
+
+    first = asyncio.create_task(holder())
+    await asyncio.sleep(0)
+    queued = [asyncio.create_task(waiter()) for _ in range(3)]
+    await asyncio.sleep(0)
+    queued[0].cancel()  # cancelled while waiting in the queue
+    release.set()  # the slot is handed to queued[1] ...
+    queued[1].cancel()  # ... which is cancelled before it runs: it must pass it on
+    results = await asyncio.gather(first, *queued, return_exceptions=True)
+    assert [type(r).__name__ for r in results[1:3]] == ["CancelledError"] * 2
+    assert results[3] is None
+    assert limiter._in_use == 0
+    assert not limiter._waiting
+    with limiter.hold():  # and the slot is usable from a thread again
+        assert limiter._in_use == 1

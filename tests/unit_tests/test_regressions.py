@@ -1,0 +1,201 @@
+"""Regression tests for bugs a review found in the judge, cache and limiter."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage
+from langchain_openai import ChatOpenAI
+
+from langchain_tag import (
+    CONDITION_PROFILE,
+    ApplicabilityJudge,
+    Rule,
+    Rulebook,
+    RuleSchemaProfile,
+    TAGRetriever,
+    prompts,
+)
+from langchain_tag.matching import YesNoOutput, parse_verdict, score_from_logprobs
+from langchain_tag.testing import RuleAwareFakeChatModel
+
+# Two distinct rules with the same condition and different actions: normal in a
+# rulebook (one situation, two things to do about it).
+SAME_CONDITION = "The input contains `wildcard`"
+RULE_A = Rule(rule_id="A", name="Rule A", condition=SAME_CONDITION, action="Do A")
+RULE_B = Rule(rule_id="B", name="Rule B", condition=SAME_CONDITION, action="Do B")
+
+CONDITION_ONLY = RuleSchemaProfile(
+    name="condition-only",
+    system_prompt=prompts.JUDGE_SYSTEM,
+    output_instruction=prompts.JUDGE_OUTPUT_INSTRUCTION,
+    rule_fields=("condition",),
+    output_schema=YesNoOutput,
+)
+
+
+def _lp(token: str, probability: float) -> dict[str, Any]:
+    return {"token": token, "logprob": math.log(probability)}
+
+
+# --- verdict cache -------------------------------------------------------------------
+
+
+def test_cache_hit_keeps_the_judged_rules_id() -> None:
+    judge = ApplicabilityJudge(llm=RuleAwareFakeChatModel(), profile=CONDITION_ONLY)
+    retriever = TAGRetriever(
+        rulebook=Rulebook(rules=[RULE_A, RULE_B]), judge=judge, max_concurrency=1
+    )
+    result = retriever.match("from os import wildcard")
+    assert [v.rule_id for v in result.verdicts] == ["A", "B"]
+    assert [(d.id, d.page_content) for d in result.documents] == [
+        ("A", "Do A"),
+        ("B", "Do B"),
+    ]
+
+
+def test_cache_key_tells_endpoints_apart() -> None:
+    rule = RULE_A
+    keys = {
+        ApplicabilityJudge(
+            # No socket options: ChatOpenAI would otherwise probe a socket.
+            llm=ChatOpenAI(
+                model="local-model", base_url=url, api_key="x", http_socket_options=()
+            )
+        ).cache_key("from os import wildcard", rule)
+        for url in ("http://127.0.0.1:8000/v1", "http://127.0.0.1:11434/v1")
+    }
+    assert len(keys) == 2
+
+
+def test_cache_key_covers_the_output_instruction() -> None:
+    variant = CONDITION_PROFILE.model_copy(
+        update={"output_instruction": "Answer YES only if you are certain, else NO."}
+    )
+    llm = RuleAwareFakeChatModel()
+    text = "from os import wildcard"
+    default_key = ApplicabilityJudge(llm=llm).cache_key(text, RULE_A)
+    variant_key = ApplicabilityJudge(llm=llm, profile=variant).cache_key(text, RULE_A)
+    assert default_key != variant_key
+
+
+# --- parsing the judge's answer ----------------------------------------------------
+
+
+def test_leading_no_is_not_overridden_by_quoted_code() -> None:
+    answer = "NO. The code only sets `applicable = True`; there is no wildcard import."
+    parsed = parse_verdict(answer)
+    assert parsed is not None
+    assert parsed.applies is False
+
+
+def test_negated_yes_is_not_a_yes() -> None:
+    parsed = parse_verdict("The condition is not met, so the answer is not YES.")
+    assert parsed is None or parsed.applies is False
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "Applicable? No, the input has no wildcard import.",
+        "YES/NO: NO",
+    ],
+)
+def test_echoed_question_is_not_the_decision(answer: str) -> None:
+    parsed = parse_verdict(answer)
+    assert parsed is None or parsed.applies is False
+
+
+# --- logprob scores ----------------------------------------------------------------
+
+
+def test_logprob_score_ignores_the_thinking_block() -> None:
+    message = AIMessage(
+        '<think>No, wait: the input has `wildcard`.</think>{"verdict": "YES"}',
+        response_metadata={
+            "logprobs": {
+                "content": [
+                    {"token": "<think>", "logprob": 0.0, "top_logprobs": []},
+                    {
+                        "token": "No",
+                        "logprob": math.log(0.9),
+                        "top_logprobs": [_lp("No", 0.9), _lp("Yes", 0.1)],
+                    },
+                    {"token": "</think>", "logprob": 0.0, "top_logprobs": []},
+                    {
+                        "token": "YES",
+                        "logprob": math.log(0.95),
+                        "top_logprobs": [_lp("YES", 0.95), _lp("NO", 0.05)],
+                    },
+                ]
+            }
+        },
+    )
+    parsed = parse_verdict(str(message.content))
+    assert parsed is not None
+    assert parsed.applies is True
+    assert score_from_logprobs(message) == pytest.approx(0.95)
+
+
+class _OddLogprobsModel(RuleAwareFakeChatModel):
+    """Answers YES with logprobs in a shape some OpenAI-compatible servers use."""
+
+    odd_entry: dict[str, Any]
+
+    def _answer(self, prompt: str) -> AIMessage:
+        return AIMessage(
+            '{"verdict": "YES"}',
+            response_metadata={"logprobs": {"content": [self.odd_entry]}},
+        )
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"token": "YES", "logprob": None, "top_logprobs": None},
+        {"token": "YES", "logprob": -0.1, "top_logprobs": {"YES": -0.1, "NO": -2.4}},
+    ],
+    ids=["null-logprob", "dict-top-logprobs"],
+)
+def test_malformed_logprobs_do_not_escape_the_error_policy(
+    entry: dict[str, Any],
+) -> None:
+    llm = _OddLogprobsModel(odd_entry=entry)
+    judge = ApplicabilityJudge(
+        llm=llm, logprobs=True, on_error="not_applicable", cache=None
+    )
+    verdict = judge.invoke(("from os import wildcard", RULE_A))
+    assert verdict.rule_id == "A"
+
+
+# --- concurrency limiter -----------------------------------------------------------
+
+
+async def test_limit_holds_across_sync_and_async_calls() -> None:
+    rules = [
+        Rule(
+            rule_id=f"R{i}",
+            name=f"Rule {i}",
+            condition=f"The input contains `t{i}`",
+            action=f"Do {i}",
+        )
+        for i in range(6)
+    ]
+    llm = RuleAwareFakeChatModel(latency=0.05)
+    retriever = TAGRetriever(
+        rulebook=Rulebook(rules=rules),
+        judge=ApplicabilityJudge(llm=llm, cache=None),
+        max_concurrency=2,
+    )
+    worker = threading.Thread(target=retriever.invoke, args=("t1 in threads",))
+    worker.start()
+    try:
+        await retriever.ainvoke("t2 in the loop")
+    finally:
+        await asyncio.to_thread(worker.join)
+    assert llm.calls == 12
+    assert llm.peak_in_flight <= 2
