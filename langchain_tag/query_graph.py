@@ -12,6 +12,7 @@ sees the input and only the matched actions.
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -151,9 +152,35 @@ def _environment_model() -> BaseChatModel:
     return default_chat_model()
 
 
-def _judge(
-    context: QueryContext, retry: RetryPolicy | None = None
-) -> ApplicabilityJudge:
+# The node's RetryPolicy retries a judgment whose error was transient; the judge
+# itself makes one attempt per try, so the two do not multiply.
+_ONE_ATTEMPT = RetryPolicy(max_attempts=1)
+
+_judges: dict[int, tuple[QueryContext, ApplicabilityJudge]] = {}
+_judges_lock = threading.Lock()
+_MAX_JUDGES = 64
+
+
+def _judge(context: QueryContext) -> ApplicabilityJudge:
+    """The run's judge, built once per context and shared by its M `match_rule` tasks.
+
+    Building one costs a model copy and a structured-output wrapper (about a
+    millisecond with ChatOpenAI), too much to repeat for every rule.
+    """
+    with _judges_lock:
+        cached = _judges.get(id(context))
+        # The entry keeps its context alive, so the id cannot name another one.
+        if cached is not None and cached[0] is context:
+            return cached[1]
+    judge = _build_judge(context)
+    with _judges_lock:
+        if len(_judges) >= _MAX_JUDGES:
+            _judges.clear()
+        _judges[id(context)] = (context, judge)
+    return judge
+
+
+def _build_judge(context: QueryContext) -> ApplicabilityJudge:
     profile = context.profile
     if isinstance(profile, str):
         if profile not in PROFILES:
@@ -164,7 +191,7 @@ def _judge(
         llm=context.judge_model or _environment_model(),
         profile=profile,
         logprobs=context.logprobs,
-        retry=retry or RetryPolicy(),
+        retry=_ONE_ATTEMPT,
         cache=None,  # judgments are cached by the graph's node cache, if any
     )
 
@@ -341,11 +368,6 @@ class MatchRequest(TypedDict):
     cache_key: str
 
 
-# The node's RetryPolicy retries a judgment whose error was transient; the judge
-# itself makes one attempt per try, so the two do not multiply.
-_ONE_ATTEMPT = RetryPolicy(max_attempts=1)
-
-
 def match_rule(request: MatchRequest, config: RunnableConfig) -> dict[str, Any]:
     """Judge one rule against the query (the judge never sees the action).
 
@@ -353,14 +375,14 @@ def match_rule(request: MatchRequest, config: RunnableConfig) -> dict[str, Any]:
     silent NO); a checkpointed run resumes from there.
     """
     rule = Rule.model_validate(request["rule"])
-    verdict = _judge(_context(), _ONE_ATTEMPT).invoke((request["query"], rule), config)
+    verdict = _judge(_context()).invoke((request["query"], rule), config)
     return {"verdicts": [verdict.model_dump(mode="json")]}
 
 
 async def amatch_rule(request: MatchRequest, config: RunnableConfig) -> dict[str, Any]:
     """Async `match_rule`."""
     rule = Rule.model_validate(request["rule"])
-    judge = _judge(_context(), _ONE_ATTEMPT)
+    judge = _judge(_context())
     verdict = await judge.ainvoke((request["query"], rule), config)
     return {"verdicts": [verdict.model_dump(mode="json")]}
 

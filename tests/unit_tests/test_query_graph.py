@@ -185,6 +185,29 @@ def test_end_to_end_with_a_rulebook(
         assert not any(rule.action in prompt for rule in pep8_rulebook.rules)
 
 
+def test_one_judge_serves_every_rule_of_a_run(
+    pep8_json: dict[str, Any],
+    judge: RuleAwareFakeChatModel,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: list[QueryContext] = []
+    real = query_graph._build_judge
+
+    def counting(context: QueryContext) -> Any:
+        built.append(context)
+        return real(context)
+
+    monkeypatch.setattr(query_graph, "_build_judge", counting)
+    graph = build_query_graph()
+    for _ in range(2):
+        output = graph.invoke(
+            {"query": QUERY, "rulebook": pep8_json},
+            context=QueryContext(judge_model=judge),
+        )
+        assert output["cost"]["judgments"] == 9
+    assert len(built) == 2  # once per run, not once per rule
+
+
 def test_a_rulebook_without_rules_skips_matching(judge: RuleAwareFakeChatModel) -> None:
     output = build_query_graph().invoke(
         {"query": QUERY, "rulebook": {"rules": []}},
