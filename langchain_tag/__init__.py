@@ -8,6 +8,7 @@ from importlib import import_module, metadata
 from typing import TYPE_CHECKING, Any
 
 from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache, VerdictCache
+from langchain_tag.cascade import CascadeJudge, CascadeStats
 from langchain_tag.execution import (
     CODE_TEMPLATE,
     GENERIC_TEMPLATE,
@@ -43,16 +44,54 @@ from langchain_tag.rules import (
 )
 
 if TYPE_CHECKING:
+    from langchain_tag.baselines import (
+        AllRulesRetriever,
+        ChunkApplicabilityRetriever,
+        ChunkRetriever,
+        NoRetrieval,
+        RelevanceReranker,
+        RuleSimilarityRetriever,
+        chunk_retriever,
+        llm_chain_filter_retriever,
+        split_into_chunks,
+    )
     from langchain_tag.extraction import (
         ExtractionReport,
         aextract_rules,
         build_extraction_graph,
         extract_rules,
     )
+    from langchain_tag.prefilter import (
+        BM25Scorer,
+        DenseScorer,
+        HybridScorer,
+        SimilarityPrefilter,
+        SimilarityScorer,
+        build_prefilter,
+    )
     from langchain_tag.query_graph import QueryContext, build_query_graph
+    from langchain_tag.store import RuleStore, SyncReport
 
-# Extraction pulls in LangGraph; load it on first use, not on `import langchain_tag`.
+# Extraction pulls in LangGraph and the baselines Chroma; load them on first use, not
+# on `import langchain_tag`.
 _LAZY = {
+    "AllRulesRetriever": "langchain_tag.baselines",
+    "ChunkApplicabilityRetriever": "langchain_tag.baselines",
+    "ChunkRetriever": "langchain_tag.baselines",
+    "NoRetrieval": "langchain_tag.baselines",
+    "RelevanceReranker": "langchain_tag.baselines",
+    "RuleSimilarityRetriever": "langchain_tag.baselines",
+    "chunk_retriever": "langchain_tag.baselines",
+    "llm_chain_filter_retriever": "langchain_tag.baselines",
+    "split_into_chunks": "langchain_tag.baselines",
+    "BM25Scorer": "langchain_tag.prefilter",
+    "DenseScorer": "langchain_tag.prefilter",
+    "HybridScorer": "langchain_tag.prefilter",
+    "SimilarityPrefilter": "langchain_tag.prefilter",
+    "SimilarityScorer": "langchain_tag.prefilter",
+    "build_prefilter": "langchain_tag.prefilter",
+    "RuleStore": "langchain_tag.store",
+    "SyncReport": "langchain_tag.store",
     "ExtractionReport": "langchain_tag.extraction",
     "QueryContext": "langchain_tag.query_graph",
     "aextract_rules": "langchain_tag.extraction",
@@ -83,26 +122,41 @@ __all__ = [
     "NBA_TEMPLATE",
     "NPOV_TEMPLATE",
     "ActionOnlyExecutor",
+    "AllRulesRetriever",
     "ApplicabilityJudge",
+    "BM25Scorer",
+    "CascadeJudge",
+    "CascadeStats",
+    "ChunkApplicabilityRetriever",
+    "ChunkRetriever",
+    "DenseScorer",
     "ExecutionTemplate",
     "ExtractionReport",
+    "HybridScorer",
     "InMemoryVerdictCache",
     "JudgmentError",
     "MatchResult",
     "ModelNotConfiguredError",
     "NBAVerdict",
     "NPOVResult",
+    "NoRetrieval",
     "QueryContext",
+    "RelevanceReranker",
     "RetryPolicy",
     "Rule",
     "RuleLineage",
     "RuleRelation",
     "RuleSchemaProfile",
+    "RuleSimilarityRetriever",
+    "RuleStore",
     "Rulebook",
     "RulebookError",
     "SQLiteVerdictCache",
+    "SimilarityPrefilter",
+    "SimilarityScorer",
     "SourceDocument",
     "SourceSpan",
+    "SyncReport",
     "TAGRetriever",
     "UnreliableMatchWarning",
     "Verdict",
@@ -110,9 +164,13 @@ __all__ = [
     "__version__",
     "aextract_rules",
     "build_extraction_graph",
+    "build_prefilter",
     "build_query_graph",
+    "chunk_retriever",
     "constraint_profile",
     "default_chat_model",
     "extract_rules",
     "format_actions",
+    "llm_chain_filter_retriever",
+    "split_into_chunks",
 ]

@@ -2,6 +2,8 @@
 
 tag extract FILES... --domain D -o rulebook.json
 tag run RULEBOOK "input"
+tag eval nba|obliqa|humaneval|all [--offline] [--limit N] [--out DIR]
+tag demo [--sections TITLES] [--offline]
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from langchain_core.documents import Document
 
+from langchain_tag.demo import add_demo_parser
+from langchain_tag.evaluation.command import add_eval_parser
+from langchain_tag.matching import JudgmentError, RetryPolicy
 from langchain_tag.models import ModelNotConfiguredError, default_chat_model
-from langchain_tag.rules import Rulebook, RulebookError
+from langchain_tag.rules import Rulebook, RulebookError, wide_encoding
 
 if TYPE_CHECKING:
     from langchain_core.callbacks import UsageMetadataCallbackHandler
@@ -43,6 +48,13 @@ def read_documents(paths: Sequence[str]) -> list[Document]:
         except OSError as error:
             msg = f"{name}: cannot be read ({error.strerror})."
             raise CommandError(msg) from None
+        wide = wide_encoding(raw)
+        if wide is not None:
+            msg = (
+                f"{name}: {wide} text, not UTF-8. Convert it first, e.g. `iconv -f "
+                f"{wide} -t utf-8 {name} > {path.stem}.utf8{path.suffix}`."
+            )
+            raise CommandError(msg)
         try:
             text = raw.decode("utf-8-sig")
         except UnicodeDecodeError as error:
@@ -53,6 +65,13 @@ def read_documents(paths: Sequence[str]) -> list[Document]:
                 "files need a LangChain document loader and the Python API."
             )
             raise CommandError(msg) from None
+        if "\x00" in text:
+            msg = (
+                f"{name}: contains NUL bytes (at offset {text.index(chr(0))}), so it "
+                "is not a text file; extract from its text, e.g. with a LangChain "
+                "document loader and the Python API."
+            )
+            raise CommandError(msg)
         if not text.strip():
             msg = f"{name}: the file is empty."
             raise CommandError(msg)
@@ -87,8 +106,24 @@ class Progress:
             self.stream.write("\n")
 
 
+def _model_failed(error: Exception) -> bool:
+    """Whether `error` is the model provider failing, after the retries."""
+    return (
+        isinstance(error, JudgmentError)
+        or RetryPolicy().is_transient(error)
+        or getattr(error, "status_code", None) is not None
+    )
+
+
+def _describe(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
 def _extract(args: argparse.Namespace) -> int:
-    from langchain_tag.extraction import extract_rules  # noqa: PLC0415 - loads langgraph
+    from langchain_tag.extraction import (  # noqa: PLC0415 - loads langgraph
+        DEFAULT_CHECKPOINT,
+        extract_rules,
+    )
 
     documents = read_documents(args.files)
     llm = default_chat_model(model=args.model) if args.model else default_chat_model()
@@ -105,6 +140,22 @@ def _extract(args: argparse.Namespace) -> int:
             max_section_tokens=args.max_section_tokens,
             faithfulness_mode=args.faithfulness,
         )
+    except Exception as error:
+        if not _model_failed(error):
+            raise
+        where = DEFAULT_CHECKPOINT if args.checkpoint == "default" else args.checkpoint
+        kept = (
+            "nothing was kept (--no-checkpoint): run again without it to make runs "
+            "resumable"
+            if args.no_checkpoint
+            else f"every answer received so far is kept in {where}: run the same "
+            "command again to resume where it stopped"
+        )
+        msg = (
+            "extraction stopped: the model failed after its retries "
+            f"({_describe(error)}); {kept}."
+        )
+        raise CommandError(msg) from error
     finally:
         if progress is not None:
             progress.close()
@@ -126,18 +177,27 @@ def _run(args: argparse.Namespace) -> int:
     llm = default_chat_model(model=args.model) if args.model else default_chat_model()
     usage = UsageMetadataCallbackHandler()
     started = time.perf_counter()
-    output = build_query_graph().invoke(
-        {"query": text, "rulebook": rulebook.model_dump(mode="json")},
-        {"callbacks": [usage], "max_concurrency": args.max_concurrency},
-        context=QueryContext(
-            judge_model=llm,
-            k=args.k,
-            score_threshold=args.score_threshold,
-            logprobs=args.logprobs,
-            profile=args.profile,
-            template=args.template,
-        ),
-    )
+    try:
+        output = build_query_graph().invoke(
+            {"query": text, "rulebook": rulebook.model_dump(mode="json")},
+            {"callbacks": [usage], "max_concurrency": args.max_concurrency},
+            context=QueryContext(
+                judge_model=llm,
+                k=args.k,
+                score_threshold=args.score_threshold,
+                logprobs=args.logprobs,
+                profile=args.profile,
+                template=args.template,
+            ),
+        )
+    except Exception as error:
+        if not _model_failed(error):
+            raise
+        msg = (
+            f"no answer: the model failed after its retries ({_describe(error)}). "
+            "Nothing was assumed about any rule; try again later."
+        )
+        raise CommandError(msg) from error
     seconds = time.perf_counter() - started
     print(_format_run(output, len(rulebook), usage, seconds))  # noqa: T201
     return 0
@@ -253,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--max-concurrency", type=int, default=8)
     run.set_defaults(handler=_run)
+    add_eval_parser(commands)
+    add_demo_parser(commands)
     return parser
 
 

@@ -12,6 +12,8 @@ raises `JudgmentError` or, under `on_error="not_applicable"`, returns a verdict 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import functools
 import hashlib
 import itertools
@@ -20,11 +22,12 @@ import math
 import random
 import re
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, cast
+from typing import Any, ClassVar, Literal, NamedTuple, cast
 
 import httpx
 from langchain_core.callbacks import (
@@ -68,6 +71,11 @@ class Verdict(BaseModel):
         description="Why the judgment failed; `applies` is then False by policy only.",
     )
     cached: bool = False
+    decided_by: str | None = Field(
+        default=None,
+        description="The stage of a `CascadeJudge` that decided (`cheap` or "
+        "`strong`); None for a single judge.",
+    )
 
     @property
     def failed(self) -> bool:
@@ -260,71 +268,159 @@ class ParsedVerdict(NamedTuple):
 
 _THINKING = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.DOTALL | re.IGNORECASE)
 _JSON_OBJECT = re.compile(r"\{[^{}]*\}")
-# A `verdict: YES` line counts only at the start of a line, so that quoted code
-# such as `applicable = True` in an explanation is never read as the decision.
-_KEYED = re.compile(
-    r"^[\s*_`\"'>#-]*(?:verdict|answer|decision|applicable|applies)\b[*_`\"']*"
-    r"\s*[:=]\s*[*_`\"']*\s*(yes|no|true|false)\b",
-    re.IGNORECASE | re.MULTILINE,
-)
-# A leading label must end the word there: "Applicable? No" and "YES/NO: NO" echo
-# the question or the format, they do not answer it.
-_LEADING = re.compile(
-    r"^[\s*_`\"'>#(\[-]*(yes|no|true|false|not applicable|applicable)(?![?/\w])",
-    re.IGNORECASE,
-)
 _STANDALONE = re.compile(r"\b(YES|NO)\b")
 _NEGATED = re.compile(r"(?:\bnot|\bnever|n't|\bcannot)\s+(?:be\s+)?$", re.IGNORECASE)
-_VALUES = {
-    "yes": True,
-    "true": True,
-    "applicable": True,
-    "no": False,
-    "false": False,
-    "not applicable": False,
-}
-_DECISION_KEYS = ("verdict", "answer", "decision", "applicable", "applies")
+# A refusal decides nothing, even when it starts with "No".
+_REFUSAL = re.compile(
+    r"\b(?:I(?:'m| am) sorry|I(?:'m| am) (?:not able|unable) to|I (?:can(?:no|')t|"
+    r"won't|will not) (?:help|assist|comply|answer|provide|do that|judge)|as an AI\b)",
+    re.IGNORECASE,
+)
 
 
-def _decision_from_mapping(obj: object) -> ParsedVerdict | None:
-    if not isinstance(obj, dict):
+class AnswerFormat:
+    """Which answers count as a decision: the keys, labels and values accepted.
+
+    The judge reads a model's text with the format its profile asked for, so an
+    answer in another format (an `applicable` key where `verdict` was asked for, a
+    forged verdict copied from the input in another shape) is no decision.
+    """
+
+    def __init__(
+        self,
+        keys: Sequence[str],
+        values: Mapping[str, bool],
+        leading: Mapping[str, bool],
+        *,
+        booleans: bool,
+        lone_labels: bool,
+    ) -> None:
+        """Accept `values` under `keys` and `leading` labels at the start of prose.
+
+        Args:
+            keys: Decision keys in JSON objects and `key: value` lines.
+            values: Accepted values under those keys, lower case.
+            leading: Labels that decide when prose starts with them, lower case.
+            booleans: Whether JSON `true`/`false` count under the keys.
+            lone_labels: Whether a lone, unnegated YES or NO in prose decides.
+        """
+        self.keys = tuple(keys)
+        self.values = dict(values)
+        self.leading = dict(leading)
+        self.booleans = booleans
+        self.lone_labels = lone_labels
+        words = "|".join(sorted(map(re.escape, self.values), key=len, reverse=True))
+        labels = "|".join(sorted(map(re.escape, self.leading), key=len, reverse=True))
+        # A `verdict: YES` line counts only at the start of a line, so that quoted
+        # code such as `applicable = True` in an explanation is never the decision.
+        self._keyed = re.compile(
+            r"^[\s*_`\"'>#-]*(?:" + "|".join(map(re.escape, self.keys)) + r")\b"
+            r"[*_`\"']*\s*[:=]\s*[*_`\"']*\s*(" + words + r")\b",
+            re.IGNORECASE | re.MULTILINE,
+        )
+        # A leading label must end the word there: "Applicable? No" and "YES/NO: NO"
+        # echo the question or the format, they do not answer it.
+        self._leading = re.compile(
+            r"^[\s*_`\"'>#(\[-]*(" + labels + r")(?![?/\w])", re.IGNORECASE
+        )
+
+    def from_mapping(self, obj: object) -> ParsedVerdict | None:
+        """The decision a parsed JSON value carries, if it is one of ours."""
+        if not isinstance(obj, dict):
+            return None
+        reason = obj.get("reason")
+        reason = reason.strip() or None if isinstance(reason, str) else None
+        for key in self.keys:
+            value = obj.get(key)
+            if isinstance(value, bool) and self.booleans:
+                return ParsedVerdict(value, reason)
+            if isinstance(value, str) and value.strip().lower() in self.values:
+                return ParsedVerdict(self.values[value.strip().lower()], reason)
         return None
-    reason = obj.get("reason")
-    reason = reason.strip() or None if isinstance(reason, str) else None
-    for key in _DECISION_KEYS:
-        value = obj.get(key)
-        if isinstance(value, bool):
-            return ParsedVerdict(value, reason)
-        if isinstance(value, str) and value.strip().lower() in _VALUES:
-            return ParsedVerdict(_VALUES[value.strip().lower()], reason)
-    return None
+
+    def from_prose(self, text: str) -> ParsedVerdict | None:
+        """The decision of text without a JSON one: a leading label, a keyed line."""
+        keyed = self._keyed.search(text)
+        if keyed and keyed.start() == 0:  # "applicable: false" is not "applicable"
+            return ParsedVerdict(self.values[keyed.group(1).lower()], None)
+        leading = self._leading.match(text)
+        if leading:
+            rest = text[leading.end() :].strip(" \t\n,.:;-*_`\"'")
+            return ParsedVerdict(
+                self.leading[leading.group(1).lower()], rest[:500] or None
+            )
+        if keyed:
+            return ParsedVerdict(self.values[keyed.group(1).lower()], None)
+        return _lone_label(text) if self.lone_labels else None
 
 
-def parse_verdict(text: str) -> ParsedVerdict | None:
-    """Read a YES/NO decision from free text; None if there is none. Never raises.
+_YES_NO = {"yes": True, "no": False}
+_TRUE_FALSE = {"true": True, "false": False}
+LENIENT_FORMAT = AnswerFormat(
+    ("verdict", "answer", "decision", "applicable", "applies"),
+    {**_YES_NO, **_TRUE_FALSE, "applicable": True, "not applicable": False},
+    {**_YES_NO, **_TRUE_FALSE, "applicable": True, "not applicable": False},
+    booleans=True,
+    lone_labels=True,
+)
+"""Any of the usual shapes; for text whose requested format is unknown."""
+YES_NO_FORMAT = AnswerFormat(
+    ("verdict",), _YES_NO, _YES_NO, booleans=False, lone_labels=True
+)
+"""The condition profile's: `{"verdict": "YES"|"NO"}`, or YES/NO in prose."""
+APPLICABLE_FORMAT = AnswerFormat(
+    ("applicable",),
+    _TRUE_FALSE,
+    {**_TRUE_FALSE, "applicable": True, "not applicable": False},
+    booleans=True,
+    lone_labels=False,
+)
+"""The constraint profile's: `{"applicable": true|false, ...}`, "(Not) applicable"."""
+_FORMATS: dict[type[BaseModel], AnswerFormat] = {
+    YesNoOutput: YES_NO_FORMAT,
+    ApplicableOutput: APPLICABLE_FORMAT,
+}
+
+
+def parse_verdict(
+    text: str, *, schema: type[BaseModel] | None = None
+) -> ParsedVerdict | None:
+    """Read a decision from free text; None if there is none. Never raises.
 
     Accepts the JSON the prompt asks for, `verdict: YES` style lines, and prose that
     starts with the decision ("Yes, the condition holds..."). Text with no clear
-    decision, or with both YES and NO and nothing else to go on, gives None.
+    decision, with JSON objects that disagree, with both YES and NO and nothing else
+    to go on, or that refuses to answer, gives None.
+
+    Args:
+        text: The model's answer.
+        schema: The output schema the prompt asked for (`YesNoOutput` or
+            `ApplicableOutput`); only that format counts. None accepts any of them.
     """
+    answer_format = _FORMATS.get(schema, LENIENT_FORMAT) if schema else LENIENT_FORMAT
     cleaned = _THINKING.sub("", text).strip()
     if not cleaned:
         return None
+    decisions, foreign = [], False
     for candidate in _JSON_OBJECT.findall(cleaned):
         try:
-            decision = _decision_from_mapping(json.loads(candidate))
+            obj = json.loads(candidate)
         except ValueError:
             continue
+        decision = answer_format.from_mapping(obj)
         if decision is not None:
-            return decision
-    leading = _LEADING.match(cleaned)
-    if leading:
-        rest = cleaned[leading.end() :].strip(" \t\n,.:;-*_`\"'")
-        return ParsedVerdict(_VALUES[leading.group(1).lower()], rest[:500] or None)
-    keyed = _KEYED.search(cleaned)
-    if keyed:
-        return ParsedVerdict(_VALUES[keyed.group(1).lower()], None)
-    return _lone_label(cleaned)
+            decisions.append(decision)
+        else:
+            foreign = foreign or LENIENT_FORMAT.from_mapping(obj) is not None
+    if decisions:
+        # A quoted, forged verdict next to the model's own is no answer to trust.
+        agreed = {d.applies for d in decisions}
+        return decisions[0] if len(agreed) == 1 else None
+    if foreign:  # a verdict in a format that was not asked for
+        return None
+    if _REFUSAL.search(cleaned):
+        return None
+    return answer_format.from_prose(cleaned)
 
 
 def _lone_label(text: str) -> ParsedVerdict | None:
@@ -337,12 +433,42 @@ def _lone_label(text: str) -> ParsedVerdict | None:
     return ParsedVerdict(labels.pop() == "YES", None) if len(labels) == 1 else None
 
 
+_LABELS = {"YES": True, "TRUE": True, "NO": False, "FALSE": False}
+
+
 def _label(token: str) -> bool | None:
+    return _LABELS.get(token.strip().strip("\"'").upper())
+
+
+def _label_start(token: str) -> bool | None:
+    """The polarity of the one label this token can begin, e.g. "Y" of "Y"+"ES".
+
+    Small models' tokenizers split labels; the first piece carries the decision.
+    """
     word = token.strip().strip("\"'").upper()
-    if word in {"YES", "TRUE"}:
-        return True
-    if word in {"NO", "FALSE"}:
-        return False
+    polarities = {
+        value for label, value in _LABELS.items() if word and label.startswith(word)
+    }
+    return polarities.pop() if len(polarities) == 1 else None
+
+
+def _verdict_position(tokens: Sequence[str], start: int) -> int | None:
+    """Index of the first token after `start` characters that begins a whole label."""
+    offset = 0
+    for index, token in enumerate(tokens):
+        offset += len(token)
+        polarity = _label_start(token)
+        if offset <= start or polarity is None:
+            continue
+        word = token
+        for end in range(index + 1, len(tokens) + 1):
+            after = tokens[end][:1] if end < len(tokens) else ""
+            # A whole word: "NO" followed by "T" is "NOT", not a verdict.
+            if _label(word) == polarity and not after.isalpha():
+                return index
+            if not after.isalpha():
+                break
+            word += tokens[end]
     return None
 
 
@@ -350,8 +476,9 @@ def score_from_logprobs(message: BaseMessage) -> float | None:
     """P(YES) / (P(YES) + P(NO)) at the verdict token, from OpenAI-style logprobs.
 
     Reads `response_metadata["logprobs"]["content"]`: the first verdict label after
-    any `<think>` block, and its `top_logprobs` alternatives. Returns None when the
-    model returned no usable logprobs or no verdict token; never raises.
+    any `<think>` block (its first token when the tokenizer splits it, as "Y" + "ES"),
+    and that token's `top_logprobs` alternatives. Returns None when the model
+    returned no usable logprobs or no verdict token; never raises.
     """
     logprobs = message.response_metadata.get("logprobs")
     content = logprobs.get("content") if isinstance(logprobs, Mapping) else logprobs
@@ -360,24 +487,21 @@ def score_from_logprobs(message: BaseMessage) -> float | None:
     entries = [e for e in content if isinstance(e, Mapping)]
     tokens = [str(e.get("token", "")) for e in entries]
     # The decision follows a reasoning model's thinking; labels inside it are not it.
-    answer_starts = _end_of_thinking("".join(tokens))
-    offset = 0
-    for entry, token in zip(entries, tokens, strict=True):
-        offset += len(token)
-        if offset <= answer_starts or _label(token) is None:
+    position = _verdict_position(tokens, _end_of_thinking("".join(tokens)))
+    if position is None:
+        return None
+    entry = entries[position]
+    mass = {True: 0.0, False: 0.0}
+    alternatives = entry.get("top_logprobs") or [entry]
+    for alternative in alternatives if isinstance(alternatives, list) else []:
+        if not isinstance(alternative, Mapping):
             continue
-        mass = {True: 0.0, False: 0.0}
-        alternatives = entry.get("top_logprobs") or [entry]
-        for alternative in alternatives if isinstance(alternatives, list) else []:
-            if not isinstance(alternative, Mapping):
-                continue
-            label = _label(str(alternative.get("token", "")))
-            logprob = alternative.get("logprob")
-            if label is not None and isinstance(logprob, int | float):
-                mass[label] += math.exp(logprob)
-        total = mass[True] + mass[False]
-        return None if total == 0 else mass[True] / total
-    return None
+        label = _label_start(str(alternative.get("token", "")))
+        logprob = alternative.get("logprob")
+        if label is not None and isinstance(logprob, int | float):
+            mass[label] += math.exp(logprob)
+    total = mass[True] + mass[False]
+    return None if total == 0 else mass[True] / total
 
 
 def _end_of_thinking(text: str) -> int:
@@ -438,6 +562,21 @@ def _supports_structured_output(llm: BaseChatModel) -> bool:
 
 
 _MAX_THREADS = 64
+
+_FAN_OUT_FAILED: contextvars.ContextVar[threading.Event | None] = (
+    contextvars.ContextVar("tag_fan_out_failed", default=None)
+)
+"""In `judge_rules`' workers: set once a judgment of the fan-out failed for good."""
+
+
+class _Abandoned(Exception):  # noqa: N818 - never raised to callers
+    """A judgment given up because another one of its fan-out failed for good."""
+
+
+def _give_up_if_abandoned() -> None:
+    failed = _FAN_OUT_FAILED.get()
+    if failed is not None and failed.is_set():
+        raise _Abandoned
 
 
 class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
@@ -544,6 +683,17 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
 
     # -- prompt -----------------------------------------------------------------------
 
+    question: ClassVar[str] = prompts.JUDGE_QUESTION
+    """The user message's opening line: what to decide about the rule."""
+
+    def judged_fields(self, rule: Rule) -> list[tuple[str, str]]:
+        """The (label, value) pairs of `rule` in the prompt: the profile's, no action.
+
+        Prompt, cache key and prefix share all follow this; only the relevance
+        baseline (`langchain_tag.baselines.RelevanceJudge`) adds the action.
+        """
+        return self.profile.judged_fields(rule)
+
     def messages(self, text: str, rule: Rule) -> list[BaseMessage]:
         """The exact messages that judge `rule` against `text` (no action in them)."""
         return [
@@ -551,8 +701,9 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
             HumanMessage(
                 prompts.render_judge_user_message(
                     text,
-                    self.profile.judged_fields(rule),
+                    self.judged_fields(rule),
                     self.profile.output_instruction,
+                    self.question,
                 )
             ),
         ]
@@ -562,25 +713,27 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
 
         The system prompt and the input come before the rule, so this prefix is what a
         provider's prefix cache can reuse across the M judgments of one input. It is
-        counted up to the start of the rule block, a lower bound.
+        counted up to the end of the input block, a lower bound.
         """
         if not rules:
             return 0.0
-        empty = prompts.render_judge_user_message(
-            text, [], self.profile.output_instruction
+        shared = len(self.profile.system_prompt) + len(
+            prompts.render_judge_input(text, self.question)
         )
-        fields = sum(
-            len(prompts.render_rule_fields(self.profile.judged_fields(rule)))
+        rule_parts = sum(
+            len(
+                prompts.render_judge_rule(
+                    self.judged_fields(rule), self.profile.output_instruction
+                )
+            )
             for rule in rules
         )
-        system = len(self.profile.system_prompt)
-        shared = system + empty.index(prompts.RULE_OPEN)
-        return shared / (system + len(empty) + fields / len(rules))
+        return shared / (shared + rule_parts / len(rules))
 
     def cache_key(self, text: str, rule: Rule) -> str:
         """Key of a verdict: input, judged rule fields, profile, prompt and model."""
         payload = json.dumps(
-            [self._key_prefix, _digest(text), self.profile.judged_fields(rule)]
+            [self._key_prefix, _digest(text), self.judged_fields(rule)]
         )
         return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -594,11 +747,14 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
         elif isinstance(parsed, ApplicableOutput):
             decision = ParsedVerdict(parsed.applicable, parsed.reason or None)
         else:
-            answer = raw.text or json.dumps([c.get("args") for c in _tool_calls(raw)])
-            parsed_text = parse_verdict(answer)
+            calls = _tool_calls(raw)
+            answer = raw.text or (
+                json.dumps([c.get("args") for c in calls]) if calls else ""
+            )
+            parsed_text = parse_verdict(answer, schema=self.profile.output_schema)
             if parsed_text is None:
                 # Deterministic at temperature 0, so not retried.
-                return self._failed(rule, f"unparseable judge output {answer[:200]!r}")
+                return self._failed(rule, _unreadable(answer))
             decision = parsed_text
         score = score_from_logprobs(raw) if self.logprobs else None
         return Verdict(
@@ -654,6 +810,8 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
             )
         messages = self.messages(text, rule)
         for attempt in itertools.count(1):
+            # Under on_error="raise" a sibling's failure ends the fan-out: no retry.
+            _give_up_if_abandoned()
             try:
                 output = self._model.invoke(messages, config)
             except Exception as error:  # noqa: BLE001 - every failure is reported
@@ -727,6 +885,10 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
     ) -> list[Verdict]:
         """Judge every rule against `text` in worker threads, in rule order.
 
+        Under `on_error="raise"` the first failure stops the fan-out: judgments not
+        started are dropped, running ones make no further attempt, and the error
+        propagates.
+
         Args:
             text: The input.
             rules: The rules to judge, one model call each.
@@ -741,16 +903,41 @@ class ApplicabilityJudge(RunnableSerializable[JudgeInput, Verdict]):
         if not rules:
             return []
 
+        failed = threading.Event()
+
         def judge_one(rule: Rule) -> Verdict:
             with limiter.hold():
-                return self._judge((text, rule), None, _judgment_config(config, rule))
+                _FAN_OUT_FAILED.set(failed)  # in this task's own copy of the context
+                _give_up_if_abandoned()
+                try:
+                    return self._judge(
+                        (text, rule), None, _judgment_config(config, rule)
+                    )
+                except _Abandoned:
+                    raise
+                except BaseException:
+                    # Set here, before this worker takes the next queued rule.
+                    failed.set()
+                    raise
 
         workers = min(len(rules), limiter.limit or _MAX_THREADS)
         with ContextThreadPoolExecutor(max_workers=workers) as executor:
             futures = [executor.submit(judge_one, rule) for rule in rules]
             try:
+                # The first failure is raised when it happens, not when the
+                # judgments before it in rule order are done.
+                concurrent.futures.wait(
+                    futures, return_when=concurrent.futures.FIRST_EXCEPTION
+                )
+                for future in futures:
+                    if future.done() and future.exception() is not None:
+                        future.result()
                 verdicts = [future.result() for future in futures]
             except BaseException:
+                # Queued judgments are dropped; running ones stop before their
+                # next attempt, so leaving the pool waits for at most one call or
+                # backoff pause each.
+                failed.set()
                 for future in futures:
                     future.cancel()
                 raise
@@ -810,6 +997,18 @@ def _judgment_config(config: RunnableConfig, rule: Rule) -> RunnableConfig:
 def _digest(text: str) -> str:
     # One input is keyed against every rule; hash a long input once, not M times.
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _unreadable(answer: str) -> str:
+    """Why an answer gave no verdict, for the failed verdict's `error`."""
+    kind = (
+        " (empty)"
+        if not answer.strip()
+        else " (a refusal)"
+        if _REFUSAL.search(answer)
+        else ""
+    )
+    return f"unparseable judge output{kind} {answer[:200]!r}"
 
 
 def _tool_calls(message: BaseMessage) -> list[dict[str, Any]]:

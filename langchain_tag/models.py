@@ -70,6 +70,11 @@ def with_settings(
     return copy, set(wanted) - set(updates)
 
 
+def environment_configures_model() -> bool:
+    """Whether `OPENAI_API_KEY` or `OPENAI_BASE_URL` is set (and not empty)."""
+    return bool(os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"))
+
+
 def default_chat_model(**kwargs: Any) -> BaseChatModel:
     """`ChatOpenAI` at temperature 0, configured from the environment.
 
@@ -84,7 +89,7 @@ def default_chat_model(**kwargs: Any) -> BaseChatModel:
     """
     api_key = os.environ.get("OPENAI_API_KEY") or None
     base_url = os.environ.get("OPENAI_BASE_URL") or None
-    if api_key is None and base_url is None and "api_key" not in kwargs:
+    if not environment_configures_model() and "api_key" not in kwargs:
         msg = (
             "No chat model is configured for langchain-tag. Do one of these:\n"
             "  1. pass any LangChain chat model, e.g. "

@@ -39,7 +39,12 @@ from langchain_tag.execution import (
     ActionOnlyExecutor,
     ExecutionTemplate,
 )
-from langchain_tag.extraction.graph import node_retry_policy
+from langchain_tag.extraction.graph import (
+    ExtractionInput,
+    ExtractionSettings,
+    build_extraction_graph,
+    node_retry_policy,
+)
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     NBA_PROFILE,
@@ -79,6 +84,10 @@ class QueryContext:
 
     judge_model: SkipJsonSchema[BaseChatModel | None] = None
     """The applicability judge; None uses `default_chat_model()`."""
+    judge: SkipJsonSchema[ApplicabilityJudge | None] = None
+    """A ready judge (e.g. a `CascadeJudge`) instead of one made from `judge_model`,
+    `logprobs` and `profile`. Its own retries and cache then run inside the
+    node's."""
     executor_model: SkipJsonSchema[BaseChatModel | None] = None
     """The executor; None uses the judge's model."""
     k: int | None = None
@@ -138,6 +147,7 @@ class QueryState(TypedDict, total=False):
     rules: list[dict[str, Any]] | None
     verdicts: Annotated[list[dict[str, Any]], _verdicts]
     started: float
+    review_requested: bool
     answer: Any
     matches: list[Match]
     cost: dict[str, Any]
@@ -181,6 +191,8 @@ def _judge(context: QueryContext) -> ApplicabilityJudge:
 
 
 def _build_judge(context: QueryContext) -> ApplicabilityJudge:
+    if context.judge is not None:
+        return context.judge
     profile = context.profile
     if isinstance(profile, str):
         if profile not in PROFILES:
@@ -207,7 +219,12 @@ def _template(context: QueryContext) -> ExecutionTemplate:
 
 
 def _executor(context: QueryContext) -> ActionOnlyExecutor:
-    llm = context.executor_model or context.judge_model or _environment_model()
+    llm = (
+        context.executor_model
+        or context.judge_model
+        or (context.judge.llm if context.judge is not None else None)
+        or _environment_model()
+    )
     return ActionOnlyExecutor(llm=llm, template=_template(context))
 
 
@@ -223,7 +240,13 @@ def load_rulebook(state: QueryState) -> dict[str, Any]:
     context = _context()
     _judge(context)  # unknown profile or template names fail before any model call
     _template(context)
-    update: dict[str, Any] = {"verdicts": Overwrite([]), "started": time.time()}
+    update: dict[str, Any] = {
+        "verdicts": Overwrite([]),
+        "started": time.time(),
+        # Decided by the run that starts, not by the one that resumes: a resume
+        # (from another client or server) need not repeat the context.
+        "review_requested": context.review,
+    }
     given = state.get("rulebook")
     if given is None:
         if not state.get("documents"):
@@ -243,23 +266,36 @@ def after_load(state: QueryState) -> Literal["extract", "plan"]:
     return "extract" if state.get("rules") is None else "plan"
 
 
-def extract(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
-    """Run the extraction graph (as a subgraph of this run) over the documents."""
-    from langchain_tag.extraction import (  # noqa: PLC0415 - only when extracting
-        ExtractionInput,
-        ExtractionSettings,
-        build_extraction_graph,
-    )
-
+def _extraction(state: QueryState) -> tuple[ExtractionInput, ExtractionSettings]:
+    """The extraction graph's input and settings for this run's documents."""
     context = _context()
     inputs: ExtractionInput = {
         "documents": as_documents(state.get("documents") or []),
         "domain": context.domain,
     }
-    output = build_extraction_graph().invoke(
-        inputs, config, context=ExtractionSettings(llm=context.judge_model)
-    )
+    return inputs, ExtractionSettings(llm=context.judge_model)
+
+
+def _extracted(output: dict[str, Any]) -> dict[str, Any]:
     return {"rulebook": output["rulebook"], "rules": output["rulebook"]["rules"]}
+
+
+def extract(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
+    """Run the extraction graph (as a subgraph of this run) over the documents."""
+    inputs, settings = _extraction(state)
+    graph = build_extraction_graph()
+    return _extracted(graph.invoke(inputs, config, context=settings))
+
+
+async def aextract(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
+    """Async `extract`: the subgraph runs on the event loop too.
+
+    Run in a worker thread instead, it would call the checkpointer's sync methods,
+    which async-only checkpointers (a LangGraph server's custom one) do not have.
+    """
+    inputs, settings = _extraction(state)
+    graph = build_extraction_graph()
+    return _extracted(await graph.ainvoke(inputs, config, context=settings))
 
 
 REVIEW_HELP = (
@@ -275,8 +311,9 @@ def review(state: QueryState) -> dict[str, Any]:
     rules; `{"drop": [rule ids]}` removes some (and the relations pointing at them);
     `{"rules": [rule dicts]}` replaces them with edited ones. An answer that cannot
     be applied is not an error that ends the run: the review asks again, saying why.
+    Whether to review is up to the context of the run that extracted the rules.
     """
-    if not _context().review:
+    if not state.get("review_requested"):
         return {}
     rules = state.get("rules") or []
     problem = None
@@ -493,7 +530,11 @@ def build_query_graph(
         output_schema=QueryOutput,
     )
     builder.add_node("load_rulebook", load_rulebook)
-    builder.add_node("extract", extract, retry_policy=node_retry)
+    builder.add_node(
+        "extract",
+        RunnableLambda(extract, afunc=aextract, name="extract"),
+        retry_policy=node_retry,
+    )
     builder.add_node("review", review)
     builder.add_node("plan", _join)
     builder.add_node(

@@ -432,7 +432,17 @@ def _relevance(verdict: Verdict) -> float:
     return 1.0 if verdict.score is None else verdict.score
 
 
-def _to_document(rule: Rule, verdict: Verdict) -> Document:
+def rule_document(rule: Rule, **extra: Any) -> Document:
+    """The `Document` every rule-level retriever returns for a rule.
+
+    `id` and `metadata["rule_id"]` are the rule id, `page_content` is the action
+    (all an executor should see), and the metadata also carries the rule's name,
+    condition, source text, tags and source offsets, for tracing and scoring.
+
+    Args:
+        rule: The rule.
+        **extra: More metadata, such as the `relevance_score` that ranked it.
+    """
     metadata: dict[str, Any] = {
         "rule_id": rule.rule_id,
         "name": rule.name,
@@ -442,12 +452,19 @@ def _to_document(rule: Rule, verdict: Verdict) -> Document:
         "source_document_id": rule.source_document_id,
         "source_start": None if rule.source is None else rule.source.start,
         "source_end": None if rule.source is None else rule.source.end,
-        "relevance_score": _relevance(verdict),
-        "score": verdict.score,
-        "reason": verdict.reason,
-        "cached": verdict.cached,
+        **extra,
     }
     return Document(id=rule.rule_id, page_content=rule.action, metadata=metadata)
+
+
+def _to_document(rule: Rule, verdict: Verdict) -> Document:
+    return rule_document(
+        rule,
+        relevance_score=_relevance(verdict),
+        score=verdict.score,
+        reason=verdict.reason,
+        cached=verdict.cached,
+    )
 
 
 def _empty_reason(

@@ -7,10 +7,12 @@ hashes and the extraction diagnostics, saved as one JSON file.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -311,8 +313,17 @@ class Rulebook(BaseModel):
         Raises:
             RulebookError: See `load`.
         """
+        wide = wide_encoding(raw) if isinstance(raw, bytes) else None
+        if wide is not None:
+            raise RulebookError(
+                path,
+                f"is {wide} text, not UTF-8.",
+                "A rulebook is UTF-8 JSON; convert it, e.g. `iconv -f "
+                f"{wide} -t UTF-8 OLD.json > NEW.json`, or re-run extraction.",
+            )
         try:
-            text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+            # A byte-order mark, as some editors write, is not part of the JSON.
+            text = raw.decode("utf-8-sig") if isinstance(raw, bytes) else raw
         except UnicodeDecodeError as exc:
             raise RulebookError(
                 path,
@@ -385,7 +396,7 @@ def _describe_validation_error(exc: ValidationError, data: Mapping[str, Any]) ->
                 parts.append(str(item))
         where = ".".join(parts) or "(top level)"
         rule_hint = ""
-        position = location[1] if location[:1] == ("rules",) else None
+        position = location[1] if location[:1] == ("rules",) and location[1:] else None
         if isinstance(position, int):
             rules = data.get("rules")
             if isinstance(rules, list) and position < len(rules):
@@ -427,6 +438,49 @@ def _check_consistency(rules: Sequence[Rule]) -> None:
                 raise ValueError(msg)
 
 
+# --- encodings ---------------------------------------------------------------------
+# Rulebooks (and `tag extract`'s documents) are UTF-8. Editors on some systems save
+# UTF-16, which fails to decode or, without a byte-order mark, decodes as UTF-8 with
+# a NUL after every ASCII letter; naming the encoding lets an error say how to
+# convert the file.
+
+_BOMS = (
+    # UTF-32 first: its little-endian mark starts with UTF-16's.
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+_SAMPLE = 4096
+_WIDE_SHARE = 0.4
+"""Share of NUL bytes on one side of the byte pairs that marks UTF-16 text."""
+
+
+def wide_encoding(raw: bytes) -> str | None:
+    """The UTF-16 or UTF-32 encoding `raw` is in, as `iconv -f` names it, or None.
+
+    Judged by a byte-order mark, or, without one, by NUL bytes falling on one side
+    of the byte pairs, as in UTF-16 text that is mostly ASCII.
+    """
+    for bom, name in _BOMS:
+        if raw.startswith(bom):
+            return name
+    sample = raw[:_SAMPLE]
+    pairs = len(sample) // 2
+    if pairs == 0 or b"\x00" not in sample:
+        return None
+    odd = sample[1::2].count(0) / pairs
+    even = sample[0::2].count(0) / pairs
+    if odd >= _WIDE_SHARE and even < _WIDE_SHARE:
+        return "UTF-16LE"
+    if even >= _WIDE_SHARE and odd < _WIDE_SHARE:
+        return "UTF-16BE"
+    return None
+
+
+# --- atomic save ---------------------------------------------------------------------
+
+
 def _new_file_mode(target: Path) -> int:
     """The mode a rewrite of `target` should have: its own, or what umask allows."""
     try:
@@ -437,11 +491,42 @@ def _new_file_mode(target: Path) -> int:
         return 0o666 & ~umask
 
 
+def _writer_alive(pid: int) -> bool:
+    if sys.platform == "win32":
+        return True  # os.kill(pid, 0) would send CTRL_C_EVENT: keep the file
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def _remove_stale_temp_files(target: Path) -> None:
+    """Delete temporary files of saves to `target` whose writer was killed."""
+    head, tail = f".{target.name}.", ".tmp"
+    for path in target.parent.iterdir():
+        name = path.name
+        if not (name.startswith(head) and name.endswith(tail)):
+            continue
+        pid = name[len(head) :].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _writer_alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
 def _atomic_write_bytes(target: Path, data: bytes) -> None:
-    """Write `data` to `target` via a same-directory temp file and an atomic rename."""
+    """Write `data` to `target` via a same-directory temp file and an atomic rename.
+
+    A writer killed mid-save leaves its temporary file behind; the next save to the
+    same target removes it.
+    """
     mode = _new_file_mode(target)
+    # The writer's pid is in the name, so a later save can tell a temporary file
+    # left by a killed writer from one that another writer is still filling.
     fd, tmp_name = tempfile.mkstemp(
-        prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+        prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=target.parent
     )
     try:
         # mkstemp creates the file 0600; give it the mode the target should keep.
@@ -462,3 +547,4 @@ def _atomic_write_bytes(target: Path, data: bytes) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+    _remove_stale_temp_files(target)

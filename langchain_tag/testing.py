@@ -1,4 +1,4 @@
-"""Deterministic fake chat models for testing code built on langchain-tag.
+"""Deterministic fake chat models and embeddings for testing langchain-tag code.
 
 `RuleAwareFakeChatModel` plays the applicability judge from the prompt text alone: it
 reads the input and the rule out of the judge's message and answers YES exactly when
@@ -6,37 +6,57 @@ a backtick-quoted fragment of the rule's condition occurs in the input. It is sa
 under concurrency, can add latency, can return logprobs, counts its in-flight calls,
 and can inject faults per rule. None of this is a language model; it exists so that
 tests and benchmarks exercise the real code paths with known right answers.
+`FaultSchedule` makes any of the fakes fail by call number or for a while, and
+`InjectionObeyingFakeChatModel` is a naive judge that obeys instructions escaping a
+prompt's data blocks, to measure that prompts keep data apart.
+`HashingFakeEmbeddings` gives texts sharing words similar vectors, without a model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import html
 import json
 import math
 import os
 import re
 import threading
 import time
+import unicodedata
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForLLMRun,
     CallbackManagerForLLMRun,
 )
+from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field, PrivateAttr
 from typing_extensions import Self
 
-_INPUT = re.compile(r"<input>\n(.*)\n</input>", re.DOTALL)
-_RULE = re.compile(r"<rule>\n(.*?)\n</rule>", re.DOTALL)
+from langchain_tag import prompts
+from langchain_tag.models import default_chat_model
+from langchain_tag.rules import Rule, Rulebook
+
+# A judge prompt's blocks: `<input-<digest>>` ... `</input-<digest>>` on lines of their
+# own (plain `<input>` too, for prompts built by hand).
+_INPUT = re.compile(
+    r"^<(input(?:-[0-9a-f]+)?)>\n(.*)\n</\1>$", re.DOTALL | re.MULTILINE
+)
+_RULE = re.compile(r"^<(rule(?:-[0-9a-f]+)?)>\n(.*?)\n</\1>$", re.DOTALL | re.MULTILINE)
 _FIELD = re.compile(r"^(\w+): (.*)$", re.MULTILINE)
 _TRIGGER = re.compile(r"`([^`]+)`")
+# LangChain's `LLMChainFilter` prompt: "> Question: ...", then the context in >>>.
+_CHAIN_FILTER = re.compile(
+    r"^> Question: (.*?)\n> Context:\n>>>\n(.*)\n>>>", re.DOTALL | re.MULTILINE
+)
 
 Fault = BaseException | str | None
 """An exception to raise, a text to answer instead, or None for a normal answer."""
@@ -51,13 +71,56 @@ class TransientFakeError(Exception):
         self.status_code = status_code
 
 
+@dataclass(frozen=True)
+class FaultSchedule:
+    """When a scripted fake fails, by call number or by time, whatever the prompt.
+
+    Calls are numbered 1, 2, ... across all fault keys, in arrival order. A call
+    fails with `fault` when its number is in `calls` or a multiple of `every`, or
+    during an outage: from call `start` on, until call `stop` or for `duration`
+    seconds after call `start` arrived (both None: for good). Durations are read on
+    `clock`; tests pass a fake clock that their patched `sleep` advances, so
+    backoff is checked without waiting.
+
+    Example:
+        ```python
+        # Calls 5, 6 and 7 hit a 503; the provider is back from call 8.
+        FaultSchedule(TransientFakeError("overloaded", 503), start=5, stop=8)
+        # From call 5 the provider is down for 10 seconds.
+        FaultSchedule(TransientFakeError("overloaded", 503), start=5, duration=10)
+        ```
+    """
+
+    fault: BaseException | str
+    """The error raised, or the text answered instead of a normal answer."""
+    calls: frozenset[int] = frozenset()
+    every: int = 0
+    start: int | None = None
+    stop: int | None = None
+    duration: float | None = None
+    clock: Callable[[], float] = time.monotonic
+
+    def hits(self, number: int, outage_age: float | None) -> bool:
+        """Whether call `number` fails; `outage_age`: seconds since call `start`."""
+        in_outage = (
+            outage_age is not None
+            and (self.stop is None or number < self.stop)
+            and (self.duration is None or outage_age < self.duration)
+        )
+        return (
+            number in self.calls
+            or (self.every > 0 and number % self.every == 0)
+            or in_outage
+        )
+
+
 def judge_fields(prompt: str) -> tuple[str, dict[str, str]] | None:
     """The input and the rule fields of a judge prompt, or None for other prompts."""
     found_input = _INPUT.search(prompt)
     found_rule = _RULE.search(prompt)
     if not found_input or not found_rule:
         return None
-    return found_input.group(1), dict(_FIELD.findall(found_rule.group(1)))
+    return found_input.group(2), dict(_FIELD.findall(found_rule.group(2)))
 
 
 def condition_holds(text: str, fields: Mapping[str, str]) -> bool:
@@ -65,6 +128,25 @@ def condition_holds(text: str, fields: Mapping[str, str]) -> bool:
     condition = fields.get("condition") or fields.get("applies_when") or ""
     lowered = text.lower()
     return any(t.lower() in lowered for t in _TRIGGER.findall(condition))
+
+
+def trigger_rulebook(n: int) -> Rulebook:
+    """`n` rules, rule i (`R-<iii>`) applying to inputs that contain `trigger-<iii>`.
+
+    The fake judges' ground truth, so the right verdicts are known: for load and
+    scale runs that need many rules and no particular wording.
+    """
+    return Rulebook(
+        rules=[
+            Rule(
+                rule_id=f"R-{i:03d}",
+                name=f"Rule number {i}",
+                condition=f"The input contains `trigger-{i:03d}`",
+                action=f"Do thing {i}",
+            )
+            for i in range(n)
+        ]
+    )
 
 
 class ScriptedFakeChatModel(BaseChatModel):
@@ -79,6 +161,9 @@ class ScriptedFakeChatModel(BaseChatModel):
     """Seconds each call takes (sleeps; async calls do not block the loop)."""
     faults: Mapping[str, Sequence[Fault]] = Field(default_factory=dict)
     """Per fault key: what its 1st, 2nd, ... call does instead of answering."""
+    schedule: Sequence[FaultSchedule] = ()
+    """Faults by call number or time, across keys; the first that hits a call wins
+    over `faults`."""
     call_log: Path | None = None
     """If set, one line per finished call (prompt digest, time, first prompt line)
     is appended and flushed to this file, so a test can count calls across a
@@ -88,9 +173,11 @@ class ScriptedFakeChatModel(BaseChatModel):
     _in_flight: int = PrivateAttr(default=0)
     _peak: int = PrivateAttr(default=0)
     _prompts: list[str] = PrivateAttr(default_factory=list)
+    _call_times: list[float] = PrivateAttr(default_factory=list)
     _calls_per_key: defaultdict[str, int] = PrivateAttr(
         default_factory=lambda: defaultdict(int)
     )
+    _outage_began: dict[int, float] = PrivateAttr(default_factory=dict)
 
     @property
     def peak_in_flight(self) -> int:
@@ -108,11 +195,23 @@ class ScriptedFakeChatModel(BaseChatModel):
         """Number of calls received."""
         return len(self.prompts)
 
+    @property
+    def call_times(self) -> list[float]:
+        """When each call reached the model (`time.monotonic()`), in arrival order.
+
+        After the model's `rate_limiter`, if it has one: the times show the pace
+        the provider would see.
+        """
+        with self._lock:
+            return list(self._call_times)
+
     def reset(self) -> None:
         """Forget recorded prompts, counters and the fault positions."""
         with self._lock:
             self._prompts.clear()
+            self._call_times.clear()
             self._calls_per_key.clear()
+            self._outage_began.clear()
             self._peak = 0
 
     def _fault_key(self, prompt: str) -> str:
@@ -126,12 +225,27 @@ class ScriptedFakeChatModel(BaseChatModel):
         key = self._fault_key(prompt)
         with self._lock:
             self._prompts.append(prompt)
+            self._call_times.append(time.monotonic())
             self._in_flight += 1
             self._peak = max(self._peak, self._in_flight)
             position = self._calls_per_key[key]
             self._calls_per_key[key] += 1
+            scheduled = self._scheduled(len(self._prompts))
+        if scheduled is not None:
+            return prompt, scheduled
         planned = self.faults.get(key, ())
         return prompt, planned[position] if position < len(planned) else None
+
+    def _scheduled(self, number: int) -> Fault:
+        """The fault `schedule` plans for call `number` (the lock is held)."""
+        for index, planned in enumerate(self.schedule):
+            age = None
+            if planned.start is not None and number >= planned.start:
+                now = planned.clock()
+                age = now - self._outage_began.setdefault(index, now)
+            if planned.hits(number, age):
+                return planned.fault
+        return None
 
     def _respond(self, prompt: str, fault: Fault) -> ChatResult:
         if isinstance(fault, BaseException):
@@ -186,9 +300,11 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
     """A fake judge that answers from the prompt's content, deterministically.
 
     Judge prompts get a verdict in the requested format (`{"verdict": ...}` or
-    `{"applicable": ..., "reason": ...}`), or prose when `style="prose"`. Any other
-    prompt is echoed back after `answer_prefix`, so the model also stands in as an
-    executor in chains and shows what it was given. `faults` are keyed by rule id.
+    `{"applicable": ..., "reason": ...}`), or prose when `style="prose"`. LangChain's
+    `LLMChainFilter` prompts get `YES` or `NO` by the same ground truth, the context
+    standing for the condition. Any other prompt is echoed back after
+    `answer_prefix`, so the model also stands in as an executor in chains and shows
+    what it was given. `faults` are keyed by rule id.
     """
 
     style: Literal["json", "prose"] = "json"
@@ -217,12 +333,24 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
         parsed = judge_fields(prompt)
         return parsed[1].get("rule_id", "") if parsed else ""
 
+    def _decide(self, text: str, fields: Mapping[str, str]) -> tuple[bool, float]:
+        """The answer to a judge prompt, and the confidence its logprobs show."""
+        confidence = self.confidence_by_rule.get(
+            fields.get("rule_id", ""), self.confidence
+        )
+        return condition_holds(text, fields), confidence
+
     def _answer(self, prompt: str) -> AIMessage:
         parsed = judge_fields(prompt)
         if parsed is None:
-            return AIMessage(f"{self.answer_prefix} {prompt}")
+            filtered = _CHAIN_FILTER.search(prompt)
+            if filtered is None:
+                return AIMessage(f"{self.answer_prefix} {prompt}")
+            question, context = filtered.groups()
+            relevant = condition_holds(question, {"condition": context})
+            return AIMessage("YES" if relevant else "NO")
         text, fields = parsed
-        holds = condition_holds(text, fields)
+        holds, confidence = self._decide(text, fields)
         if '"applicable"' in prompt:
             reason = "the input shows the condition" if holds else "no decisive fact"
             content = f'{{"applicable": {str(holds).lower()}, "reason": "{reason}"}}'
@@ -239,13 +367,70 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
             content = f'{{"verdict": "{token}"}}'
         metadata: dict[str, Any] = {}
         if self.logprobs:
-            confidence = self.confidence_by_rule.get(
-                fields.get("rule_id", ""), self.confidence
-            )
             metadata["logprobs"] = {
                 "content": _logprobs(token, holds=holds, confidence=confidence)
             }
         return AIMessage(content, response_metadata=metadata)
+
+
+class NoisyJudgeFakeChatModel(RuleAwareFakeChatModel):
+    """A fake judge with known error rates and calibration, for cascade measurements.
+
+    It knows the right answer (`truth`, by default the backtick rule of
+    `RuleAwareFakeChatModel`) and gets it wrong on purpose: a true YES is answered NO
+    with probability `false_negative_rate`, a true NO answered YES with
+    `false_positive_rate`. Which pairs it gets wrong is fixed by a hash of (`seed`,
+    input, rule id), so runs repeat exactly. With `logprobs=True` its verdict token
+    has probability `confidence` when it is right and `wrong_confidence` when it is
+    wrong (a calibrated model is less sure of its mistakes), each lowered by up to
+    `confidence_spread`, again by hash.
+    """
+
+    truth: Callable[[str, Mapping[str, str]], bool] = condition_holds
+    """The right answer for an input and the rule fields the judge sees."""
+    false_negative_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    false_positive_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    wrong_confidence: float | None = Field(default=None, gt=0.0, lt=1.0)
+    """Confidence of the wrong answers; None: `confidence`, as sure as when right."""
+    confidence_spread: float = Field(default=0.0, ge=0.0, lt=1.0)
+    seed: int = 0
+
+    @property
+    def _llm_type(self) -> str:
+        return "noisy-judge-fake"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            **super()._identifying_params,
+            "false_negative_rate": self.false_negative_rate,
+            "false_positive_rate": self.false_positive_rate,
+            "wrong_confidence": self.wrong_confidence,
+            "confidence_spread": self.confidence_spread,
+            "seed": self.seed,
+        }
+
+    def _uniform(self, purpose: str, text: str, rule_id: str) -> float:
+        """A number in [0, 1) fixed by the seed, the purpose, the input and the rule."""
+        key = "\0".join((str(self.seed), purpose, text, rule_id)).encode()
+        return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2**64
+
+    def _decide(self, text: str, fields: Mapping[str, str]) -> tuple[bool, float]:
+        right = self.truth(text, fields)
+        rule_id = fields.get("rule_id", "")
+        error_rate = self.false_negative_rate if right else self.false_positive_rate
+        wrong = self._uniform("error", text, rule_id) < error_rate
+        confidence = super()._decide(text, fields)[1]
+        if wrong and self.wrong_confidence is not None:
+            confidence = self.wrong_confidence
+        confidence -= self.confidence_spread * self._uniform("spread", text, rule_id)
+        if not 0.0 < confidence < 1.0:
+            msg = (
+                f"confidence {confidence} for rule {rule_id!r} is outside (0, 1): "
+                "lower confidence_spread or keep the confidences above it."
+            )
+            raise ValueError(msg)
+        return right != wrong, confidence
 
 
 def _logprobs(token: str, *, holds: bool, confidence: float) -> list[dict[str, Any]]:
@@ -261,6 +446,140 @@ def _logprobs(token: str, *, holds: bool, confidence: float) -> list[dict[str, A
         {"token": '{"', "logprob": 0.0, "top_logprobs": []},
         {"token": token, "logprob": top[0]["logprob"], "top_logprobs": top},
     ]
+
+
+# --- a judge that obeys instructions escaping the prompt's data blocks --------------
+
+_BLOCK_OPEN = r"^<({name}(?:-[0-9a-f]+)?)>$"
+_ENTITY = re.compile(r"&(?:lt|gt|#0*6[02]|#x0*3[ce]);", re.IGNORECASE)
+_LOOK_ALIKES = str.maketrans(
+    # Cyrillic, Greek and Armenian letters; angle quotes, CJK and other brackets.
+    "\u0430\u0441\u0435\u0456\u0458\u043e\u0440\u0455\u0442\u0443\u0445\u0501"
+    "\u043f\u057d\u03bf\u03b9\u03c1\u03c4\u03c5\u03bd\u03b5\u2039\u203a\u3008"
+    "\u3009\u27e8\u27e9\u276e\u276f\u02c2\u02c3\u1438\u1433",
+    "aceijopstyxdnuoiptuve<><><><><><>",
+)
+_CLAIM = re.compile(
+    r"\b(?:answer|respond|reply|say|output|return|verdict|decision|applicable|"
+    r"applies)\b\W{0,12}(?:(?:with|is|be|as|to)\W+)?\W{0,4}(yes|no|true|false)\b",
+    re.IGNORECASE,
+)
+
+
+def _naive_reading(text: str) -> tuple[str, list[int]]:
+    """`text` as a careless reader sees it, with each character's source offset.
+
+    Entities decoded, compatibility forms folded (NFKC), invisible format
+    characters dropped, look-alike letters and brackets mapped to ASCII, lower case.
+    """
+    read: list[str] = []
+    offsets: list[int] = []
+    position = 0
+    while position < len(text):
+        entity = _ENTITY.match(text, position)
+        if entity:
+            decoded = html.unescape(entity.group(0))
+            step = entity.end() - position
+        else:
+            char = text[position]
+            step = 1
+            if unicodedata.category(char) == "Cf":
+                position += 1
+                continue
+            decoded = unicodedata.normalize("NFKC", char).lower()
+            decoded = decoded.translate(_LOOK_ALIKES)
+        read += decoded
+        offsets += [position] * len(decoded)
+        position += step
+    return "".join(read), offsets
+
+
+class _Block(NamedTuple):
+    data: str
+    """What a naive reader takes for the block's content."""
+    leaked: str
+    """Text of the block the naive reader takes for instructions."""
+
+
+def _read_block(prompt: str, name: str) -> _Block | None:
+    """The `name` block of a judge prompt, as a naive reader splits it."""
+    opening = re.search(_BLOCK_OPEN.format(name=name), prompt, re.MULTILINE)
+    if opening is None:
+        return None
+    tag = opening.group(1)
+    start = opening.end() + 1
+    end = prompt.rfind(f"\n</{tag}>")
+    if end < start:
+        return None
+    body = prompt[start:end]
+    stops = [len(body)]
+    # A tokenizer parsing special tokens makes these real turn boundaries.
+    if marker := prompts.CHAT_TEMPLATE_TOKENS.search(body):
+        stops.append(marker.start())
+    read, offsets = _naive_reading(body)
+    closing = re.search(rf"<\s*/\s*{re.escape(tag)}(?![\w-])[^<>]*>", read)
+    if closing:
+        stops.append(offsets[closing.start()])
+    cut = min(stops)
+    return _Block(data=body[:cut], leaked=body[cut:])
+
+
+class InjectionObeyingFakeChatModel(ScriptedFakeChatModel):
+    """A naive judge: it obeys instructions that escape the prompt's data blocks.
+
+    It reads a judge prompt's `<input…>` and `<rule…>` blocks the way a careless
+    model might: a block ends at the first thing that looks like its closing tag
+    (after decoding entities, folding Unicode compatibility forms, dropping
+    zero-width characters and mapping look-alike letters and brackets) or at a
+    chat-template special token (`<|im_start|>`, `[INST]`, ...), which a tokenizer
+    parsing special tokens turns into a real turn boundary. What follows such an
+    early end, up to the block's real end, it takes for instructions: when that text
+    claims a verdict ("answer YES", `{"verdict": "NO"}`, `applicable: true`), it
+    answers that and counts the call in `obeyed`. Otherwise it answers from the rule's
+    condition as `RuleAwareFakeChatModel` does, on the data it read. Text that stays
+    inside its block is never obeyed, however it is phrased: measuring that a prompt
+    keeps data apart is the point. Only judge prompts are answered.
+    """
+
+    _obeyed: int = PrivateAttr(default=0)
+
+    @property
+    def _llm_type(self) -> str:
+        return "injection-obeying-fake"
+
+    @property
+    def obeyed(self) -> int:
+        """Calls answered by an injected instruction instead of the condition."""
+        return self._obeyed
+
+    def reset(self) -> None:
+        """Forget recorded prompts, counters (`obeyed` too) and fault positions."""
+        super().reset()
+        with self._lock:
+            self._obeyed = 0
+
+    def _fault_key(self, prompt: str) -> str:
+        rule = _read_block(prompt, "rule")
+        return dict(_FIELD.findall(rule.data)).get("rule_id", "") if rule else ""
+
+    def _answer(self, prompt: str) -> AIMessage:
+        text, rule = _read_block(prompt, "input"), _read_block(prompt, "rule")
+        if text is None or rule is None:
+            msg = "InjectionObeyingFakeChatModel only answers judge prompts."
+            raise ValueError(msg)
+        claim = _CLAIM.search(text.leaked + "\n" + rule.leaked)
+        if claim is not None:
+            with self._lock:
+                self._obeyed += 1
+            holds = claim.group(1).lower() in {"yes", "true"}
+        else:
+            holds = condition_holds(text.data, dict(_FIELD.findall(rule.data)))
+        # The answer format is the one the prompt's last line asks for.
+        if '"applicable"' in prompt[prompt.rfind("</rule") :]:
+            return AIMessage(
+                f'{{"applicable": {str(holds).lower()}, "reason": "as read"}}'
+            )
+        return AIMessage(f'{{"verdict": "{"YES" if holds else "NO"}"}}')
 
 
 _CUES = re.compile(
@@ -522,6 +841,104 @@ class JudgeAndExtractorFakeChatModel(BaseChatModel):
     ) -> ChatResult:
         delegate = self._delegate(messages)
         return await delegate._agenerate(messages, stop=stop, **kwargs)  # noqa: SLF001
+
+
+OFFLINE_NOTE = (
+    "**Offline run: the results below come from a fake model, not an LLM.** "
+    "Neither `OPENAI_API_KEY` nor `OPENAI_BASE_URL` is set, so "
+    "`JudgeAndExtractorFakeChatModel` plays the LLM's roles deterministically, for "
+    "demonstration: as extractor it turns sentences with normative cue words into "
+    "rules; as judge it answers YES when a backtick-quoted fragment of a rule's "
+    "condition occurs in the input; as executor it echoes the prompt it was given, "
+    "so you see exactly what reached it. The code paths are the real ones; the "
+    "answers say nothing about model quality. Set `OPENAI_API_KEY` (or "
+    "`OPENAI_BASE_URL` and `TAG_MODEL` for an OpenAI-compatible server) and run "
+    "again to use a real model."
+)
+
+
+class NotebookModel:
+    """The chat model a notebook or demo runs with, and a note saying which it is.
+
+    Displayed in Jupyter it renders that note as Markdown (and `print` shows it), so
+    a reader always knows whether results come from a real model or the fake.
+    """
+
+    def __init__(self, llm: BaseChatModel, *, offline: bool) -> None:
+        """Wrap `llm`; `offline` says it is the deterministic fake."""
+        self.llm = llm
+        self.offline = offline
+
+    @property
+    def note(self) -> str:
+        """Which model runs, as Markdown."""
+        if self.offline:
+            return OFFLINE_NOTE
+        name = getattr(self.llm, "model_name", None) or type(self.llm).__name__
+        where = os.environ.get("OPENAI_BASE_URL") or "the OpenAI API"
+        return (
+            f"**Real model:** `{name}` at {where}, configured from the environment "
+            "(`OPENAI_API_KEY` / `OPENAI_BASE_URL`, `TAG_MODEL`)."
+        )
+
+    def _repr_markdown_(self) -> str:
+        return self.note
+
+    def __str__(self) -> str:
+        """The note."""
+        return self.note
+
+    def __repr__(self) -> str:
+        """The model's class and whether it is the offline fake."""
+        return f"NotebookModel({type(self.llm).__name__}, offline={self.offline})"
+
+
+def notebook_model() -> NotebookModel:
+    """The model for notebooks and demos: a real one when configured, else the fake.
+
+    With `OPENAI_API_KEY` or `OPENAI_BASE_URL` set this is `default_chat_model()`;
+    otherwise a `JudgeAndExtractorFakeChatModel`, so the notebooks run top to bottom
+    offline (with `OFFLINE_NOTE` shown, since the fake's answers are no evidence of
+    quality).
+    """
+    if os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"):
+        return NotebookModel(default_chat_model(), offline=False)
+    return NotebookModel(JudgeAndExtractorFakeChatModel(), offline=True)
+
+
+class HashingFakeEmbeddings(Embeddings):
+    """Bag-of-words hashing embeddings: deterministic, fast, and similarity meaningful.
+
+    Each lower-cased word adds one to a dimension chosen by its hash, and vectors are
+    unit length, so texts sharing words are close in cosine distance. It counts the
+    embedding calls and texts embedded, so tests can check what was (re-)embedded.
+    """
+
+    def __init__(self, size: int = 512) -> None:
+        """Embed into `size` dimensions."""
+        self.size = size
+        self.document_calls = 0
+        self.documents_embedded = 0
+        self._lock = threading.Lock()
+
+    def _vector(self, text: str) -> list[float]:
+        vector = [0.0] * self.size
+        for word in re.findall(r"[a-z]+", text.lower()):
+            digest = hashlib.sha256(word.encode()).digest()
+            vector[int.from_bytes(digest[:4], "big") % self.size] += 1.0
+        norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+        return [v / norm for v in vector]
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        """Embed documents, counting the call and the texts."""
+        with self._lock:
+            self.document_calls += 1
+            self.documents_embedded += len(texts)
+        return [self._vector(text) for text in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        """Embed a query (not counted)."""
+        return self._vector(text)
 
 
 class FakeOpenAIServer:

@@ -32,6 +32,7 @@ from langchain_tag.extraction.graph import (
     ExtractionSettings,
     build_extraction_graph,
 )
+from langchain_tag.extraction.phases import unreadable_problem
 from langchain_tag.extraction.report import ExtractionReport, PhaseReport
 from langchain_tag.matching import RetryPolicy, model_identity
 from langchain_tag.models import default_chat_model
@@ -162,6 +163,17 @@ def _prepare(
     )
 
 
+def _with_answers(
+    settings: ExtractionSettings, default: VerdictCache
+) -> ExtractionSettings:
+    """Settings whose answer store is the caller's, or else the checkpoint's."""
+    # Compared with None: a store has a length, and the caller's empty store (a
+    # first run) is still where its answers must go.
+    if settings.answers is not None:
+        return settings
+    return replace(settings, answers=default)
+
+
 def _config(
     thread_id: str, max_concurrency: int, callbacks: Callbacks
 ) -> RunnableConfig:
@@ -173,7 +185,19 @@ def _config(
 
 
 def _finished(values: dict[str, Any], run_key: str) -> bool:
-    return "rulebook" in values and values.get("run_key") == run_key
+    """Whether the thread holds this run's rulebook, with every answer readable.
+
+    A run where some answers could not be read is run again: the readable answers
+    come back from the answer store and only the unreadable ones are asked again.
+    """
+    if "rulebook" not in values or values.get("run_key") != run_key:
+        return False
+    report = ExtractionReport.model_validate(values["rulebook"]["diagnostics"])
+    return not any(
+        unreadable_problem(problem)
+        for phase in report.phases.values()
+        for problem in phase.problems
+    )
 
 
 def _inputs(
@@ -219,9 +243,12 @@ def extract_rules(
             persistence, or "default" (`.langchain-tag/extraction.sqlite`). With a
             path, the model's answers are kept there too: a killed run resumes
             without asking again, and unchanged sections are never sent again.
+            With a checkpointer (e.g. `PostgresSaver`), finished tasks are kept in
+            it, and answers only for this call unless `answers=` names a store.
         thread_id: The run to create or resume; default derived from the
             documents, domain, model and settings, so re-running the same call
-            resumes an interrupted run (and returns a finished one at once).
+            resumes an interrupted run (and returns a finished one at once, unless
+            some of its answers were unreadable: those are asked again).
         max_concurrency: LLM calls in flight at most.
         retry: Backoff for transient model errors.
         callbacks: LangChain callbacks for the run (tracing).
@@ -236,7 +263,7 @@ def extract_rules(
     run_key = run_id_for(docs, domain, run_settings)
     config = _config(thread_id or run_key, max_concurrency, callbacks)
     with _persistence(checkpoint) as (saver, answers):
-        run_settings = replace(run_settings, answers=run_settings.answers or answers)
+        run_settings = _with_answers(run_settings, answers)
         graph = build_extraction_graph(checkpointer=saver, retry=retry)
         snapshot = graph.get_state(config)
         if _finished(snapshot.values, run_key):
@@ -269,7 +296,7 @@ async def aextract_rules(
     run_key = run_id_for(docs, domain, run_settings)
     config = _config(thread_id or run_key, max_concurrency, callbacks)
     async with _apersistence(checkpoint) as (saver, answers):
-        run_settings = replace(run_settings, answers=run_settings.answers or answers)
+        run_settings = _with_answers(run_settings, answers)
         graph = build_extraction_graph(checkpointer=saver, retry=retry)
         snapshot = await graph.aget_state(config)
         if _finished(snapshot.values, run_key):

@@ -255,6 +255,22 @@ def _answered(request: ModelRequest, text: str, answer: Any = None) -> dict[str,
 # --- the LLM nodes (raw text only) ----------------------------------------------------
 
 
+# The list each LLM node's answer must hold, by request-key prefix.
+_ANSWER_LISTS = {
+    "spans": "spans",
+    "atomics": "atomic_units",
+    "rules": "rules",
+    "relations": "relations",
+    "recover": "rules",
+}
+
+
+def _storable(request: ModelRequest, text: str) -> bool:
+    # An unreadable answer (empty, cut off, a refusal) is not kept, so the next run
+    # asks again instead of losing the same section's rules for good.
+    return phases.readable(text, _ANSWER_LISTS[request["key"].split(":", 1)[0]])
+
+
 # The answer is stored before the node returns: LangGraph saves a finished task's
 # writes only when its thread pool gets to it, which can be after a crash.
 def _call(request: ModelRequest, config: RunnableConfig) -> dict[str, Any]:
@@ -264,7 +280,7 @@ def _call(request: ModelRequest, config: RunnableConfig) -> dict[str, Any]:
         return _answered(request, stored)
     messages = [SystemMessage(request["system"]), HumanMessage(request["user"])]
     answer = _model(settings).invoke(messages, config)
-    if store is not None:
+    if store is not None and _storable(request, answer.text):
         store.update(key, answer.text)
     return _answered(request, answer.text, answer)
 
@@ -276,7 +292,7 @@ async def _acall(request: ModelRequest, config: RunnableConfig) -> dict[str, Any
         return _answered(request, stored)
     messages = [SystemMessage(request["system"]), HumanMessage(request["user"])]
     answer = await _model(settings).ainvoke(messages, config)
-    if store is not None:
+    if store is not None and _storable(request, answer.text):
         await store.aupdate(key, answer.text)
     return _answered(request, answer.text, answer)
 

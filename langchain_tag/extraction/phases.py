@@ -177,6 +177,23 @@ def _decode_at(text: str, position: int) -> object:
         return None
 
 
+def readable(text: str, key: str) -> bool:
+    """Whether `text` holds a JSON object with a list under `key`, as asked for.
+
+    An answer that does not (empty, cut off, a refusal, another shape) counts as
+    `malformed_json` or `missing_<key>_list`; see `unreadable_problem`.
+    """
+    obj = parse_json_object(text)
+    return obj is not None and isinstance(obj.get(key), list)
+
+
+def unreadable_problem(problem: str) -> bool:
+    """Whether a tallied problem is a whole answer that could not be read."""
+    return problem == "malformed_json" or (
+        problem.startswith("missing_") and problem.endswith("_list")
+    )
+
+
 def read_items(
     text: str, key: str, model: type[_Item], tally: Counter[str]
 ) -> list[Any]:

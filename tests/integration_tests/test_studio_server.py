@@ -9,16 +9,8 @@ condition fragments and play the extraction phases.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,9 +22,9 @@ from langchain_tag.testing import (
     FakeOpenAIServer,
     JudgeAndExtractorFakeChatModel,
 )
+from tests.integration_tests.servers import LANGGRAPH, langgraph_dev
 
 REPO = Path(__file__).resolve().parents[2]
-LANGGRAPH = Path(sys.executable).with_name("langgraph")
 
 if not LANGGRAPH.is_file():
     pytest.skip(
@@ -57,9 +49,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 pytestmark = pytest.mark.server
 
-STARTUP_SECONDS = 60.0
 CALL_SECONDS = 30.0
-STOP_SECONDS = 10.0
 
 QUERY = "from os import *\n\nif x == None:\n    pass\n"
 MATCHED = ["PEP8-IMPORT-WILDCARD", "PEP8-NONE-IDENTITY"]
@@ -79,55 +69,6 @@ T = TypeVar("T")
 # --- the servers ----------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def log_tail(log: Path, lines: int = 40) -> str:
-    text = log.read_text(encoding="utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def wait_until_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(
-                f"langgraph dev exited with {process.returncode} before answering; "
-                f"its log ends:\n{log_tail(log)}"
-            )
-        try:
-            with urllib.request.urlopen(f"{url}/ok", timeout=2) as response:  # noqa: S310 - our loopback URL
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.25)
-    pytest.fail(
-        f"langgraph dev did not answer {url}/ok within {STARTUP_SECONDS:.0f} s; its "
-        f"log ends:\n{log_tail(log)}"
-    )
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """Terminate the server's process group; kill it if it does not stop in time."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=STOP_SECONDS)
-    # Children that outlived the leader (workers) go with the group.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
 @pytest.fixture(scope="module")
 def fake_openai() -> Iterator[FakeOpenAIServer]:
     with FakeOpenAIServer(JudgeAndExtractorFakeChatModel()) as server:
@@ -139,42 +80,12 @@ def studio(
     fake_openai: FakeOpenAIServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """The URL of a `langgraph dev` serving this repository's langgraph.json."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "LANGGRAPH_CLI_NO_ANALYTICS": "1",
-        "LANGSMITH_TRACING": "false",
-        "OPENAI_BASE_URL": fake_openai.base_url,
-        "OPENAI_API_KEY": "test",
-        "TAG_MODEL": "fake",
-    }
-    log = tmp_path_factory.mktemp("studio") / "langgraph-dev.log"
-    command = [
-        str(LANGGRAPH),
-        "dev",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--no-browser",
-        "--no-reload",
-    ]
-    with log.open("wb") as output:
-        process = subprocess.Popen(  # noqa: S603 - fixed arguments
-            command,
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            wait_until_ready(url, process, log)
-            yield url
-        finally:
-            stop(process)
+    with langgraph_dev(
+        fake_openai.base_url,
+        cwd=REPO,
+        log=tmp_path_factory.mktemp("studio") / "langgraph-dev.log",
+    ) as url:
+        yield url
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ import pytest
 from langchain_core.documents import Document
 
 from langchain_tag import cli, prompts
+from langchain_tag.cache import SQLiteVerdictCache
 from langchain_tag.extraction import (
     ExtractionReport,
     aextract_rules,
@@ -1253,6 +1254,21 @@ def test_report_counts_only_calls_made_by_an_incremental_run(tmp_path: Path) -> 
     _, report, fake = run([edited], checkpoint=db)
     require(fake.calls == 5, f"{fake.calls} calls")
     assert sum(p.calls for p in report.phases.values()) == fake.calls
+
+
+def test_an_empty_answer_store_of_the_caller_is_used(tmp_path: Path) -> None:
+    """An empty store (a first run) is not taken for none: it gets the answers.
+
+    This is how a run checkpointed in PostgreSQL keeps its answers for next time.
+    """
+    store = SQLiteVerdictCache(tmp_path / "answers.sqlite", table="extraction_answers")
+    _, _, first = run([markdown_doc()], answers=store)
+    assert len(store) == first.calls
+
+    # A new thread with no checkpoint: every answer comes from the store.
+    again = ExtractionFakeChatModel()
+    run([markdown_doc()], again, answers=store)
+    assert again.calls == 0
 
 
 # --- async ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ echoes any other prompt (so the executor's answer shows what it was given).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -47,6 +48,7 @@ from langchain_tag.testing import (
     JudgeAndExtractorFakeChatModel,
     RuleAwareFakeChatModel,
     TransientFakeError,
+    judge_fields,
 )
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -104,11 +106,11 @@ class CannedChatModel(BaseChatModel):
 
 
 def judge_prompts(model: RuleAwareFakeChatModel) -> list[str]:
-    return [p for p in model.prompts if "<rule>" in p]
+    return [p for p in model.prompts if judge_fields(p) is not None]
 
 
 def other_prompts(model: RuleAwareFakeChatModel) -> list[str]:
-    return [p for p in model.prompts if "<rule>" not in p]
+    return [p for p in model.prompts if judge_fields(p) is None]
 
 
 def ids(matches: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -291,6 +293,23 @@ async def test_ainvoke_matches_invoke(
     assert async_["answer"] == sync["answer"]
 
 
+async def test_run_config_max_concurrency_bounds_judgments_in_flight(
+    pep8_json: dict[str, Any],
+) -> None:
+    """Each server process caps its own share of a provider's rate limit this way."""
+    graph = build_query_graph()
+    inputs: QueryInput = {"query": QUERY, "rulebook": pep8_json}
+    sync_judge = RuleAwareFakeChatModel(latency=0.05)
+    graph.invoke(
+        inputs, {"max_concurrency": 3}, context=QueryContext(judge_model=sync_judge)
+    )
+    async_judge = RuleAwareFakeChatModel(latency=0.05)
+    await graph.ainvoke(
+        inputs, {"max_concurrency": 3}, context=QueryContext(judge_model=async_judge)
+    )
+    assert sync_judge.peak_in_flight == async_judge.peak_in_flight == 3
+
+
 # --- one thread, several runs ---------------------------------------------------------
 
 
@@ -382,6 +401,33 @@ async def test_documents_are_extracted_in_async_runs_too() -> None:
     assert output["cost"]["rules"] == 4
 
 
+class AsyncOnlySaver(InMemorySaver):
+    """A checkpointer with async methods only, as a LangGraph server's custom one.
+
+    Sync calls are refused off the event loop (the async methods use them on it).
+    """
+
+    def get_tuple(self, config: RunnableConfig) -> Any:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            msg = "sync checkpointer call outside the event loop"
+            raise NotImplementedError(msg) from None
+        return super().get_tuple(config)
+
+
+async def test_async_runs_extract_without_sync_checkpointer_calls() -> None:
+    model = JudgeAndExtractorFakeChatModel()
+    graph = build_query_graph(checkpointer=AsyncOnlySaver())
+    output = await graph.ainvoke(
+        {"query": DOCS_QUERY, "documents": style_guide()},
+        thread(),
+        context=QueryContext(judge_model=model),
+    )
+    assert output["cost"]["rules"] == 4
+    assert len(output["matches"]) == 2
+
+
 def test_extraction_domain_comes_from_the_context() -> None:
     model = JudgeAndExtractorFakeChatModel()
     build_query_graph().invoke(
@@ -459,6 +505,23 @@ def test_review_drop_removes_the_rule() -> None:
     assert dropped not in output["answer"]
     state_ids = [r["rule_id"] for r in graph.get_state(config).values["rules"]]
     assert dropped not in state_ids
+
+
+def test_review_decision_applies_when_the_resume_has_no_context() -> None:
+    """A server client resuming a paused thread may send no context at all."""
+    model = JudgeAndExtractorFakeChatModel()
+    graph = build_query_graph(checkpointer=InMemorySaver())
+    config, rules = start_review(graph, QueryContext(judge_model=model, review=True))
+    dropped = rule_with(rules, "from os import *")["rule_id"]
+
+    output = graph.invoke(
+        Command(resume={"drop": [dropped]}),
+        config,
+        context=QueryContext(judge_model=model),
+    )
+
+    assert ids(output["matches"]) == [rule_with(rules, "except:")["rule_id"]]
+    assert output["cost"]["rules"] == 3
 
 
 def test_review_edited_rules_change_what_matches() -> None:

@@ -141,6 +141,39 @@ def test_logprob_score_ignores_the_thinking_block() -> None:
     assert score_from_logprobs(message) == pytest.approx(0.95)
 
 
+def _tokens_message(*tokens: tuple[str, list[dict[str, Any]]]) -> AIMessage:
+    return AIMessage(
+        "".join(token for token, _ in tokens),
+        response_metadata={
+            "logprobs": {
+                "content": [
+                    {"token": token, "logprob": 0.0, "top_logprobs": alternatives}
+                    for token, alternatives in tokens
+                ]
+            }
+        },
+    )
+
+
+def test_logprob_score_reads_a_label_split_across_tokens() -> None:
+    # SmolLM2's tokenizer writes "YES" as "Y" + "ES": the first piece decides.
+    message = _tokens_message(
+        ('{"verdict": "', []),
+        ("Y", [_lp("Y", 0.7), _lp("N", 0.3)]),
+        ("ES", []),
+        ('"}', []),
+    )
+    assert score_from_logprobs(message) == pytest.approx(0.7)
+
+
+def test_logprob_score_needs_a_whole_label_word() -> None:
+    # "NO" + "T" is "NOT", and "T" + "he" is "The": neither is a verdict.
+    message = _tokens_message(
+        ("NO", [_lp("NO", 0.9)]), ("T", []), (" the", []), (" T", []), ("he", [])
+    )
+    assert score_from_logprobs(message) is None
+
+
 class _OddLogprobsModel(RuleAwareFakeChatModel):
     """Answers YES with logprobs in a shape some OpenAI-compatible servers use."""
 

@@ -2,51 +2,19 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import math
-import re
 import uuid
 from pathlib import Path
 
 import chromadb
 import pytest
 from chromadb.config import Settings
-from langchain_core.embeddings import Embeddings
 
 from langchain_tag import Rulebook, TAGRetriever
 from langchain_tag.store import RuleStore, SyncReport
-from langchain_tag.testing import RuleAwareFakeChatModel
+from langchain_tag.testing import HashingFakeEmbeddings, RuleAwareFakeChatModel
 
 WILDCARD_QUERY = "The module starts with a wildcard import: from os.path import *"
-
-
-class HashingEmbeddings(Embeddings):
-    """Bag-of-words hashing embeddings: deterministic, fast, similarity meaningful.
-
-    Counts how many texts were embedded and how many embedding calls were made.
-    """
-
-    def __init__(self, size: int = 512) -> None:
-        self.size = size
-        self.document_calls = 0
-        self.documents_embedded = 0
-
-    def _vector(self, text: str) -> list[float]:
-        vector = [0.0] * self.size
-        for word in re.findall(r"[a-z]+", text.lower()):
-            digest = hashlib.sha256(word.encode()).digest()
-            vector[int.from_bytes(digest[:4], "big") % self.size] += 1.0
-        norm = math.sqrt(sum(v * v for v in vector)) or 1.0
-        return [v / norm for v in vector]
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        self.document_calls += 1
-        self.documents_embedded += len(texts)
-        return [self._vector(text) for text in texts]
-
-    def embed_query(self, text: str) -> list[float]:
-        return self._vector(text)
 
 
 def ephemeral_client() -> chromadb.api.ClientAPI:
@@ -54,12 +22,12 @@ def ephemeral_client() -> chromadb.api.ClientAPI:
 
 
 @pytest.fixture
-def embedding() -> HashingEmbeddings:
-    return HashingEmbeddings()
+def embedding() -> HashingFakeEmbeddings:
+    return HashingFakeEmbeddings()
 
 
 @pytest.fixture
-def store(embedding: HashingEmbeddings) -> RuleStore:
+def store(embedding: HashingFakeEmbeddings) -> RuleStore:
     # Ephemeral clients share one in-process database: a unique collection name
     # keeps tests apart.
     return RuleStore(
@@ -70,7 +38,7 @@ def store(embedding: HashingEmbeddings) -> RuleStore:
 
 
 def test_sync_adds_every_rule(
-    store: RuleStore, embedding: HashingEmbeddings, pep8_rulebook: Rulebook
+    store: RuleStore, embedding: HashingFakeEmbeddings, pep8_rulebook: Rulebook
 ) -> None:
     report = store.sync(pep8_rulebook)
     assert report == SyncReport(added=9, updated=0, removed=0, unchanged=0)
@@ -98,7 +66,7 @@ def test_sync_adds_every_rule(
 
 
 def test_resync_is_a_no_op(
-    store: RuleStore, embedding: HashingEmbeddings, pep8_rulebook: Rulebook
+    store: RuleStore, embedding: HashingFakeEmbeddings, pep8_rulebook: Rulebook
 ) -> None:
     store.sync(pep8_rulebook)
     calls = embedding.document_calls
@@ -109,7 +77,7 @@ def test_resync_is_a_no_op(
 
 
 def test_changed_condition_updates_only_that_rule(
-    store: RuleStore, embedding: HashingEmbeddings, pep8_rulebook: Rulebook
+    store: RuleStore, embedding: HashingFakeEmbeddings, pep8_rulebook: Rulebook
 ) -> None:
     store.sync(pep8_rulebook)
     position = pep8_rulebook.position("PEP8-BARE-EXCEPT")
@@ -142,7 +110,7 @@ def test_changed_tags_leave_no_stale_tag_keys(
 
 
 def test_removed_rule_is_deleted_and_new_rule_added(
-    store: RuleStore, embedding: HashingEmbeddings, pep8_rulebook: Rulebook
+    store: RuleStore, embedding: HashingFakeEmbeddings, pep8_rulebook: Rulebook
 ) -> None:
     store.sync(pep8_rulebook)
     removed = pep8_rulebook.rules.pop(pep8_rulebook.position("PEP8-IS-NOT"))
@@ -170,7 +138,7 @@ def test_domain_change_refreshes_metadata(
 
 
 def test_persists_across_reopening(
-    tmp_path: Path, embedding: HashingEmbeddings, pep8_rulebook: Rulebook
+    tmp_path: Path, embedding: HashingFakeEmbeddings, pep8_rulebook: Rulebook
 ) -> None:
     directory = tmp_path / "chroma"
     first = RuleStore(embedding, persist_directory=directory)
@@ -220,7 +188,7 @@ def test_user_metadata_is_filterable(store: RuleStore) -> None:
 
 
 def test_persist_directory_and_client_are_exclusive(
-    tmp_path: Path, embedding: HashingEmbeddings
+    tmp_path: Path, embedding: HashingFakeEmbeddings
 ) -> None:
     with pytest.raises(ValueError, match="not both"):
         RuleStore(embedding, persist_directory=tmp_path, client=ephemeral_client())

@@ -1,0 +1,698 @@
+"""`tag demo`: the whole method on PEP 8 and a few code snippets, end to end.
+
+1. Extract rules from sections of PEP 8 (bundled: it is in the public domain).
+2. Store them in an embedded Chroma database (offline MiniLM embeddings).
+3. For each snippet: shortlist rules by similarity, judge each one's condition
+   against the snippet, and execute with the matched rules' actions only.
+
+The model is the configured one (`OPENAI_API_KEY` or `OPENAI_BASE_URL`, see
+`default_chat_model`) or, with nothing configured, SmolLM2-135M served locally by
+llama.cpp (`langchain_tag.local_model`). That one is for offline smoke runs: it
+judges poorly and rarely extracts a rule, and the demo says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+import signal
+import socket
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from langchain_core.callbacks import UsageMetadataCallbackHandler
+from langchain_core.documents import Document
+from langchain_core.exceptions import OutputParserException
+from langchain_core.language_models import BaseChatModel
+from pydantic import BaseModel, Field
+
+from langchain_tag.execution import CODE_TEMPLATE, ActionOnlyExecutor
+from langchain_tag.matching import ApplicabilityJudge, UnreliableMatchWarning
+from langchain_tag.models import (
+    ModelNotConfiguredError,
+    default_chat_model,
+    environment_configures_model,
+)
+from langchain_tag.retriever import MatchResult, TAGRetriever
+
+if TYPE_CHECKING:
+    from langchain_core.embeddings import Embeddings
+
+    from langchain_tag.extraction.sectioning import Section
+    from langchain_tag.rules import Rulebook
+
+DOMAIN = "Python code style (PEP 8)"
+DEFAULT_SECTIONS = ("Imports", "Programming Recommendations")
+"""The PEP 8 sections extracted by default: the ones the snippets break."""
+DEFAULT_WORKDIR = Path(".langchain-tag") / "demo"
+PEP8_MAX_SECTION_TOKENS = 1500
+LOCAL_SERVER_PORT = 38471
+"""The offline model server's port when it is free."""
+
+
+class Snippet(BaseModel):
+    """A code snippet to match and execute: a function to complete, as in HumanEval."""
+
+    title: str
+    code: str
+
+
+DEMO_SNIPPETS = (
+    Snippet(
+        title="wildcard import",
+        code='from os.path import *\n\n\ndef config_path(directory):\n    """Return '
+        'the path of config.json inside directory."""\n',
+    ),
+    Snippet(
+        title="comparison to None with ==",
+        code='def first_missing(values):\n    """Return the index of the first None in '
+        'values, or -1."""\n    for index, value in enumerate(values):\n        '
+        "if value == None:\n",
+    ),
+    Snippet(
+        title="bare except",
+        code='def parse_port(text):\n    """Return text as a port number, or None if '
+        'it is not a number."""\n    try:\n        return int(text)\n    except:\n',
+    ),
+    Snippet(
+        title="prefix check by slicing",
+        code='def is_private(name):\n    """Return True if name starts with an '
+        'underscore."""\n    if name[:1] == "_":\n',
+    ),
+)
+"""Realistic starts of functions, each breaking a PEP 8 recommendation."""
+
+
+def pep8_text() -> str:
+    """PEP 8 as bundled with the package (reStructuredText, public domain)."""
+    return (
+        resources.files("langchain_tag")
+        .joinpath("resources", "pep-0008.rst")
+        .read_text(encoding="utf-8")
+    )
+
+
+def pep8_sections(
+    titles: Sequence[str] | None = DEFAULT_SECTIONS, max_sections: int | None = None
+) -> list[Section]:
+    """The sections of PEP 8 to extract from, in document order.
+
+    Args:
+        titles: Section titles (a section's own heading, case-insensitive); None
+            for the whole document. A long section comes in several parts.
+        max_sections: Keep at most this many of them.
+
+    Raises:
+        ValueError: A title names no section of PEP 8 (the message lists them), or
+            `max_sections` is below 1.
+    """
+    from langchain_tag.extraction.sectioning import split_sections  # noqa: PLC0415
+
+    if max_sections is not None and max_sections < 1:
+        msg = f"--max-sections must be at least 1, got {max_sections}."
+        raise ValueError(msg)
+    sections = split_sections(
+        pep8_text(), "pep-0008", fmt="rst", max_tokens=PEP8_MAX_SECTION_TOKENS
+    )
+    if titles is not None:
+        wanted = {title.strip().casefold() for title in titles if title.strip()}
+        chosen = [s for s in sections if _title(s).casefold() in wanted]
+        unknown = wanted - {_title(s).casefold() for s in chosen}
+        if unknown or not wanted:
+            known = ", ".join(dict.fromkeys(_title(s) for s in sections if _title(s)))
+            msg = (
+                f"PEP 8 has no section titled {', '.join(sorted(unknown)) or '(none)'}"
+                f". Its sections are: {known}; or pass --sections all."
+            )
+            raise ValueError(msg)
+        sections = chosen
+    return sections[:max_sections]
+
+
+def _title(section: Section) -> str:
+    return section.heading_path[-1] if section.heading_path else ""
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "preamble"
+
+
+# --- the models -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DemoModels:
+    """The model in each of the demo's three roles, and how to describe it."""
+
+    extractor: BaseChatModel
+    judge: ApplicabilityJudge
+    executor: BaseChatModel
+    description: str
+    quality_note: str | None = None
+    """Shown before and after the results when the model is not one to trust."""
+    stop: Callable[[], None] | None = None
+    """Ends a local model server at once (on Ctrl-C: calls waiting on it then fail
+    at once instead of running to their end)."""
+
+
+@contextmanager
+def demo_models(
+    *, offline: bool = False, model: str | None = None, logprobs: bool = True
+) -> Iterator[DemoModels]:
+    """The configured model in every role, or SmolLM2 on a local server.
+
+    With `OPENAI_API_KEY` or `OPENAI_BASE_URL` set (and not `offline`), the model is
+    `default_chat_model()`. Otherwise SmolLM2-135M runs behind llama.cpp's
+    OpenAI-compatible server for the duration, reached by `ChatOpenAI` over HTTP,
+    with JSON-constrained answers so that its output parses; it is for offline
+    smoke runs and judges poorly.
+
+    Raises:
+        ModelNotConfiguredError: No model is configured and the local one is not
+            installed.
+    """
+    if environment_configures_model() and not offline:
+        llm = default_chat_model(**({"model": model} if model else {}))
+        judge = ApplicabilityJudge(
+            llm=llm, logprobs=logprobs, on_error="not_applicable"
+        )
+        name = getattr(llm, "model_name", None) or type(llm).__name__
+        where = getattr(llm, "openai_api_base", None) or "the OpenAI API"
+        yield DemoModels(llm, judge, llm, f"{name} at {where}")
+        return
+    from langchain_tag import local_model  # noqa: PLC0415 - only offline
+
+    try:
+        path = local_model.smollm2_model_path()
+    except ImportError as error:
+        msg = (
+            "No chat model is configured and the offline one is not installed. "
+            "Set OPENAI_API_KEY (or OPENAI_BASE_URL and TAG_MODEL for an "
+            f"OpenAI-compatible server), or install the offline model: {error}"
+        )
+        raise ModelNotConfiguredError(msg) from error
+    with local_model.LocalOpenAIServer(path, port=_stable_port()) as server:
+        judge = ApplicabilityJudge(
+            llm=server.chat_model(
+                response_format=local_model.VERDICT_RESPONSE_FORMAT, max_tokens=16
+            ),
+            # Its structured output asks for `json_schema`, which llama.cpp rejects;
+            # the JSON-constrained text above is read by the judge's parser instead.
+            structured_output="never",
+            logprobs=True,
+            on_error="not_applicable",
+        )
+        yield DemoModels(
+            extractor=server.chat_model(
+                response_format=local_model.JSON_RESPONSE_FORMAT, max_tokens=1024
+            ),
+            judge=judge,
+            executor=server.chat_model(max_tokens=300),
+            description=(
+                f"SmolLM2-135M-Instruct (llama.cpp server at {server.base_url}, "
+                "offline)"
+            ),
+            quality_note=local_model.QUALITY_NOTE,
+            stop=functools.partial(server.stop, grace=0),
+        )
+
+
+def _stable_port() -> int | None:
+    """`LOCAL_SERVER_PORT` if it is free, else None (any free port).
+
+    The server's address is part of the model's identity, and so of the keys of
+    the stored extraction answers: on the same port a re-run reuses them.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As the server binds (uvicorn): a previous run's closed connections
+        # in TIME_WAIT do not count, only a process listening there does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", LOCAL_SERVER_PORT))
+        except OSError:
+            return None
+    return LOCAL_SERVER_PORT
+
+
+# --- what the demo reports --------------------------------------------------------
+
+
+class MatchedRule(BaseModel):
+    """One rule matched to a snippet."""
+
+    rule_id: str
+    name: str
+    score: float | None = Field(description="P(YES) from logprobs, when available.")
+
+
+class SnippetReport(BaseModel):
+    """What happened to one snippet."""
+
+    title: str
+    code: str
+    judged: int = Field(description="Rules judged after the similarity shortlist.")
+    matches: list[MatchedRule]
+    failed_rule_ids: list[str]
+    empty_reason: str | None
+    answer: str | None = Field(description="The executor's code, if it parsed.")
+    answer_error: str | None
+    llm_calls: int
+    input_tokens: int
+    output_tokens: int
+    seconds: float
+
+
+class ExtractionCost(BaseModel):
+    """What extracting the rulebook took."""
+
+    sections: list[str] = Field(description="Titles of the PEP 8 sections used.")
+    llm_calls: int
+    input_tokens: int
+    output_tokens: int
+    seconds: float
+    problems: dict[str, dict[str, int]] = Field(
+        description="Per phase, what validation dropped or repaired, by reason."
+    )
+
+
+class DemoReport(BaseModel):
+    """Everything `run_demo` did, as printed."""
+
+    model: str
+    quality_note: str | None
+    rules: int
+    rulebook_path: str
+    extraction: ExtractionCost | None = Field(
+        description="None when an existing rulebook was given."
+    )
+    snippets: list[SnippetReport]
+    seconds: float
+
+
+# --- the run ----------------------------------------------------------------------
+
+
+def run_demo(
+    models: DemoModels,
+    *,
+    workdir: str | Path = DEFAULT_WORKDIR,
+    sections: Sequence[Section] | None = None,
+    rulebook: Rulebook | None = None,
+    snippets: Sequence[Snippet] = DEMO_SNIPPETS,
+    embedding: Embeddings | None = None,
+    prefilter_k: int = 5,
+    max_concurrency: int = 4,
+    out: TextIO = sys.stdout,
+) -> DemoReport:
+    """Extract, store, match and execute, printing what happens as it happens.
+
+    Args:
+        models: The models (see `demo_models`).
+        workdir: Where the rulebook, the extraction checkpoint and the Chroma
+            database go. A re-run with the same model resumes or reuses them.
+        sections: PEP 8 sections to extract from; default `pep8_sections()`.
+        rulebook: Match against these rules instead of extracting any.
+        snippets: The code to match and execute.
+        embedding: For the rule store; default the offline `LocalMiniLMEmbeddings`.
+        prefilter_k: Rules shortlisted by similarity per snippet before judging.
+        max_concurrency: LLM calls in flight at most.
+        out: Where the report is printed, progress included.
+    """
+    from langchain_tag.store import RuleStore  # noqa: PLC0415 - loads chromadb
+
+    started = time.perf_counter()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    def say(line: str = "") -> None:
+        out.write(line + "\n")
+        out.flush()
+
+    say(f"model: {models.description}")
+    if models.quality_note:
+        say(f"note: {models.quality_note}")
+    say()
+    rulebook_path = workdir / "pep8.rulebook.json"
+    extraction = None
+    if rulebook is None:
+        chosen = list(pep8_sections() if sections is None else sections)
+        rulebook, extraction = _extract(
+            models.extractor, chosen, workdir, max_concurrency, say, started
+        )
+        rulebook.save(rulebook_path)
+        _say_rules(say, rulebook, extraction, rulebook_path)
+    else:
+        rulebook_path = workdir / "given.rulebook.json"
+        rulebook.save(rulebook_path)
+        say(f"1. Using {len(rulebook)} given rule(s), not extracted")
+        _say_rules(say, rulebook, None, rulebook_path)
+
+    say()
+    store = RuleStore(
+        embedding, collection_name="pep8_demo", persist_directory=workdir / "chroma"
+    )
+    synced = store.sync(rulebook)
+    say(
+        f"2. Stored {store.count()} rule(s) in embedded Chroma at {workdir / 'chroma'} "
+        f"({synced.added} added, {synced.updated} updated, {synced.removed} removed, "
+        f"{synced.unchanged} unchanged)"
+    )
+    retriever = TAGRetriever(
+        rulebook=rulebook,
+        judge=models.judge,
+        max_concurrency=max_concurrency,
+        # An empty store has nothing to shortlist (and Chroma rejects k=0); the
+        # retriever then reports that the rulebook is empty.
+        prefilter=store.as_prefilter(k=min(prefilter_k, len(rulebook)))
+        if len(rulebook)
+        else None,
+    )
+    executor = ActionOnlyExecutor(llm=models.executor, template=CODE_TEMPLATE)
+
+    say()
+    say(
+        f"3. Matching {len(snippets)} snippet(s): the {prefilter_k} most similar "
+        "rules are judged, one LLM call each; the matched rules' actions (only "
+        "those) go to the executor"
+    )
+    reports = []
+    for number, snippet in enumerate(snippets, 1):
+        say()
+        say(f"[{number}/{len(snippets)}] {snippet.title}")
+        say(_indent(snippet.code, 6))
+        reports.append(_run_snippet(snippet, retriever, executor))
+        _say_snippet(say, reports[-1])
+
+    total = time.perf_counter() - started
+    say()
+    say(
+        f"total: {total:.1f} s"
+        + (
+            f"; extraction {extraction.llm_calls} LLM call(s) "
+            f"({extraction.input_tokens} tokens in, {extraction.output_tokens} out, "
+            f"{extraction.seconds:.1f} s)"
+            if extraction
+            else ""
+        )
+        + f"; matching and execution {sum(r.llm_calls for r in reports)} call(s) "
+        f"({sum(r.input_tokens for r in reports)} tokens in, "
+        f"{sum(r.output_tokens for r in reports)} out)"
+    )
+    if models.quality_note:
+        say(f"note: {models.quality_note}")
+    return DemoReport(
+        model=models.description,
+        quality_note=models.quality_note,
+        rules=len(rulebook),
+        rulebook_path=str(rulebook_path),
+        extraction=extraction,
+        snippets=reports,
+        seconds=total,
+    )
+
+
+def _extract(
+    llm: BaseChatModel,
+    sections: Sequence[Section],
+    workdir: Path,
+    max_concurrency: int,
+    say: Callable[[str], None],
+    started: float,
+) -> tuple[Rulebook, ExtractionCost]:
+    from langchain_tag.extraction import ExtractionReport, extract_rules  # noqa: PLC0415
+
+    titles = list(dict.fromkeys(_title(s) or "(preamble)" for s in sections))
+    listed = ", ".join(titles)
+    say(f"1. Extracting rules from PEP 8, {len(sections)} section(s): {listed}")
+    last = ""
+
+    def progress(node: str, _done: int) -> None:
+        # One line each time extraction moves on to another step.
+        nonlocal last
+        if node != last:
+            say(f"   [{time.perf_counter() - started:6.1f} s] {node}")
+            last = node
+
+    rulebook = extract_rules(
+        [
+            Document(
+                page_content=s.text,
+                id=f"pep8-{_slug(_title(s))}",
+                metadata={
+                    "source": "pep-0008.rst",
+                    "section": " > ".join(s.heading_path),
+                },
+            )
+            for s in sections
+        ],
+        llm=llm,
+        domain=DOMAIN,
+        checkpoint=workdir / "extraction.sqlite",
+        max_concurrency=max_concurrency,
+        max_section_tokens=PEP8_MAX_SECTION_TOKENS,
+        on_progress=progress,
+    )
+    report = ExtractionReport.model_validate(rulebook.diagnostics)
+    phases = report.phases.values()
+    return rulebook, ExtractionCost(
+        sections=titles,
+        llm_calls=sum(p.calls for p in phases),
+        input_tokens=sum(p.input_tokens for p in phases),
+        output_tokens=sum(p.output_tokens for p in phases),
+        seconds=report.seconds,
+        problems={name: p.problems for name, p in report.phases.items() if p.problems},
+    )
+
+
+def _say_rules(
+    say: Callable[[str], None],
+    rulebook: Rulebook,
+    extraction: ExtractionCost | None,
+    path: Path,
+    shown: int = 5,
+) -> None:
+    cost = (
+        f"{extraction.llm_calls} LLM call(s), {extraction.seconds:.1f} s; "
+        if extraction
+        else ""
+    )
+    say(f"   rules found: {len(rulebook)} ({cost}saved to {path})")
+    for rule in rulebook.rules[:shown]:
+        say(f"   - {rule.rule_id}: {rule.name}")
+        say(f"       when: {_one_line(rule.condition)}")
+        say(f"       do:   {_one_line(rule.action)}")
+    if len(rulebook) > shown:
+        say(f"   ... and {len(rulebook) - shown} more")
+    if not len(rulebook):
+        dropped = "; ".join(
+            f"{phase}: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+            for phase, counts in (extraction.problems if extraction else {}).items()
+        )
+        say(
+            "   No rules, so nothing can match below; the executor still runs, with "
+            "no guidance."
+            + (
+                " The model's answers did not survive validation and the "
+                f"faithfulness check (what was dropped: {dropped})."
+                if dropped
+                else ""
+            )
+            + " (--rulebook FILE matches against rules you already have.)"
+        )
+
+
+def _run_snippet(
+    snippet: Snippet, retriever: TAGRetriever, executor: ActionOnlyExecutor
+) -> SnippetReport:
+    usage = UsageMetadataCallbackHandler()
+    config: Any = {"callbacks": [usage]}
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        # Failed judgments are reported below, by rule id.
+        warnings.simplefilter("ignore", UnreliableMatchWarning)
+        result: MatchResult = retriever.match(snippet.code, config)
+    answer, answer_error = None, None
+    try:
+        answer = executor.invoke(
+            {"input": snippet.code, "rules": result.documents}, config
+        )
+    except OutputParserException as error:
+        # The first line says what was wrong; langchain adds a link after it.
+        answer_error = str(error).splitlines()[0]
+    judged = len(result.verdicts)
+    calls = judged - sum(v.cached for v in result.verdicts) + 1
+    return SnippetReport(
+        title=snippet.title,
+        code=snippet.code,
+        judged=judged,
+        matches=[
+            MatchedRule(
+                rule_id=d.metadata["rule_id"],
+                name=d.metadata["name"],
+                score=d.metadata["score"],
+            )
+            for d in result.documents
+        ],
+        failed_rule_ids=result.failed_rule_ids,
+        empty_reason=result.reason,
+        answer=answer,
+        answer_error=answer_error,
+        llm_calls=calls,
+        input_tokens=sum(
+            u.get("input_tokens", 0) for u in usage.usage_metadata.values()
+        ),
+        output_tokens=sum(
+            u.get("output_tokens", 0) for u in usage.usage_metadata.values()
+        ),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _say_snippet(say: Callable[[str], None], report: SnippetReport) -> None:
+    say(f"   judged {report.judged} rule(s), matched {len(report.matches)}:")
+    for match in report.matches:
+        score = "  -  " if match.score is None else f"{match.score:.3f}"
+        say(f"     {score}  {match.rule_id}  {match.name}")
+    if report.empty_reason:
+        say(f"     (none: {report.empty_reason})")
+    if report.failed_rule_ids:
+        say(
+            f"   {len(report.failed_rule_ids)} judgment(s) failed and count as not "
+            f"applicable: {', '.join(report.failed_rule_ids)}"
+        )
+    if report.answer is not None:
+        say("   answer:")
+        say(_indent(report.answer, 6))
+    else:
+        say(f"   no usable answer: {report.answer_error}")
+    say(
+        f"   {report.llm_calls} LLM call(s) ({report.judged} judgment(s) + 1 "
+        f"execution); tokens: {report.input_tokens} in, {report.output_tokens} out; "
+        f"{report.seconds:.1f} s"
+    )
+
+
+def _indent(text: str, spaces: int) -> str:
+    pad = " " * spaces
+    return "\n".join(pad + line if line.strip() else "" for line in text.splitlines())
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# --- the command ------------------------------------------------------------------
+
+
+def add_demo_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register `tag demo` on the `tag` command's subparsers."""
+    parser = commands.add_parser(
+        "demo",
+        help="run the whole method on PEP 8 and a few code snippets",
+        description="Extract rules from PEP 8 (bundled), store them in embedded "
+        "Chroma, match a few code snippets and execute with the matched actions, "
+        "printing the rules, matches with scores, answers, calls and time. Uses the "
+        "model configured by OPENAI_API_KEY / OPENAI_BASE_URL; with neither set it "
+        "runs offline on SmolLM2-135M, which demonstrates the pipeline but judges "
+        "poorly.",
+    )
+    parser.add_argument(
+        "--sections",
+        default=",".join(DEFAULT_SECTIONS),
+        help='comma-separated PEP 8 section titles, or "all" (default: %(default)s)',
+    )
+    parser.add_argument(
+        "--max-sections", type=int, help="extract from at most N of those sections"
+    )
+    parser.add_argument(
+        "--rulebook",
+        help="match against this rulebook (e.g. written by `tag extract`) instead of "
+        "extracting one",
+    )
+    parser.add_argument(
+        "--workdir",
+        default=str(DEFAULT_WORKDIR),
+        help="rulebook, extraction checkpoint and Chroma database (default "
+        "%(default)s)",
+    )
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="use the local SmolLM2 even when a model is configured",
+    )
+    parser.add_argument(
+        "--model", help="model name for the default ChatOpenAI (else $TAG_MODEL)"
+    )
+    parser.add_argument(
+        "--no-logprobs",
+        action="store_true",
+        help="do not ask the configured model for logprobs (matches get no score)",
+    )
+    parser.add_argument("--prefilter-k", type=int, default=5)
+    parser.add_argument("--max-concurrency", type=int, default=4)
+    parser.set_defaults(handler=demo_command)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def _interrupts_stop(stop: Callable[[], None] | None) -> Iterator[None]:
+    """On Ctrl-C or SIGTERM, end the local server before unwinding.
+
+    Otherwise the calls in flight wait for the server to finish generating (it
+    ignores a client's interruption), and a SIGTERM would leave it running.
+    """
+    if stop is None:
+        yield
+        return
+
+    def interrupt(*_: object) -> None:
+        stop()
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    """Run `tag demo` with parsed arguments; returns the exit status."""
+    from langchain_tag.cli import CommandError  # noqa: PLC0415 - cli imports this module
+    from langchain_tag.local_model import LocalServerError  # noqa: PLC0415
+    from langchain_tag.rules import Rulebook  # noqa: PLC0415
+
+    rulebook = Rulebook.load(args.rulebook) if args.rulebook else None
+    titles = (
+        None if args.sections.strip().lower() == "all" else args.sections.split(",")
+    )
+    sections = pep8_sections(titles, args.max_sections)
+    try:
+        with (
+            demo_models(
+                offline=args.offline, model=args.model, logprobs=not args.no_logprobs
+            ) as models,
+            _interrupts_stop(models.stop),
+        ):
+            run_demo(
+                models,
+                workdir=args.workdir,
+                sections=sections,
+                rulebook=rulebook,
+                prefilter_k=args.prefilter_k,
+                max_concurrency=args.max_concurrency,
+            )
+    except (ImportError, LocalServerError) as error:
+        raise CommandError(str(error)) from error
+    return 0

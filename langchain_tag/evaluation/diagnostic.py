@@ -1,0 +1,125 @@
+"""The mismatch diagnostic: how well does similarity predict applicability?
+
+TAG's premise is that the rules an input needs are not the ones most similar to it.
+On a labelled set (queries with their gold units) this measures how far a
+similarity scorer gets anyway: ROC-AUC of its scores as a classifier of gold
+(query, unit) pairs, recall of its top k, and the prefilter size N that keeps 95%
+and 99% of the gold pairs. An AUC near 0.5 means similarity says nothing about
+applicability; a small N95 means a similarity prefilter in front of the judge is
+cheap to make safe.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from langchain_tag.evaluation.metrics import n_for_recall, recall_at_k, roc_auc
+from langchain_tag.prefilter import SimilarityScorer, rank_by_score
+
+
+class MismatchReport(BaseModel):
+    """Similarity-vs-applicability figures of one scorer on one labelled set."""
+
+    model_config = ConfigDict(frozen=True)
+
+    n_queries: int
+    units_total: int = Field(description="Units scored per query.")
+    gold_pairs: int = Field(description="Gold (query, unit) pairs.")
+    roc_auc_pooled: float | None = Field(
+        description="AUC over all (query, unit) pairs pooled, raw scores compared "
+        "across queries."
+    )
+    roc_auc_mean_per_query: float | None = Field(
+        description="Mean over queries of each query's AUC over its units (queries "
+        "whose gold is every unit have none and are left out)."
+    )
+    recall_at_k: dict[int, float] = Field(
+        description="Mean over queries of recall of the top k."
+    )
+    n_for_95_recall: int | None = Field(
+        description="Smallest top-N keeping 95% of gold pairs; None if unreachable."
+    )
+    n_for_99_recall: int | None = Field(
+        description="Smallest top-N keeping 99% of gold pairs; None if unreachable."
+    )
+
+
+def mismatch_diagnostic(
+    queries: Sequence[tuple[str, str]],
+    gold: Mapping[str, set[str]],
+    scorer: SimilarityScorer,
+    ks: Sequence[int] = (5, 10, 20, 40),
+) -> MismatchReport:
+    """Measure how well `scorer`'s similarity predicts the gold units of queries.
+
+    Each query's units are ranked as `SimilarityPrefilter` ranks them (by score,
+    ties in item order), so recall@k and N are what a prefilter keeping k or N
+    items would keep.
+
+    Args:
+        queries: `(query_id, text)` pairs.
+        gold: Query id -> its gold unit ids (at least one each).
+        scorer: Scores every unit for a query (see `langchain_tag.prefilter`).
+        ks: The cut-offs for recall@k.
+
+    Raises:
+        ValueError: No queries, a query without gold units, a gold unit the scorer
+            does not score, or queries scored over different numbers of units.
+    """
+    if not queries:
+        msg = "the mismatch diagnostic needs at least one query"
+        raise ValueError(msg)
+    pooled_scores: list[float] = []
+    pooled_labels: list[bool] = []
+    per_query_auc: list[float] = []
+    recalls: dict[int, list[float]] = {k: [] for k in ks}
+    rankings: list[tuple[list[str], set[str]]] = []
+    units_total: int | None = None
+    for query_id, text in queries:
+        wanted = gold.get(query_id)
+        if not wanted:
+            msg = f"query {query_id!r} has no gold units; give each query at least one"
+            raise ValueError(msg)
+        scores = scorer.scores(text)
+        unknown = sorted(wanted - scores.keys())
+        if unknown:
+            msg = (
+                f"query {query_id!r}: gold units {unknown[:5]} are not among the "
+                f"{len(scores)} units the scorer scores; score the same units the "
+                "gold refers to"
+            )
+            raise ValueError(msg)
+        if units_total is not None and len(scores) != units_total:
+            msg = (
+                f"query {query_id!r} was scored over {len(scores)} units, earlier "
+                f"queries over {units_total}; the scorer must score every unit"
+            )
+            raise ValueError(msg)
+        units_total = len(scores)
+        labels = [unit in wanted for unit in scores]
+        pooled_scores += scores.values()
+        pooled_labels += labels
+        auc = roc_auc(list(scores.values()), labels)
+        if auc is not None:
+            per_query_auc.append(auc)
+        ranked = rank_by_score(scores)
+        rankings.append((ranked, wanted))
+        for k in ks:
+            recalls[k].append(recall_at_k(ranked, wanted, k))
+    return MismatchReport(
+        n_queries=len(queries),
+        units_total=units_total or 0,
+        gold_pairs=sum(pooled_labels),
+        roc_auc_pooled=roc_auc(pooled_scores, pooled_labels),
+        roc_auc_mean_per_query=math.fsum(per_query_auc) / len(per_query_auc)
+        if per_query_auc
+        else None,
+        recall_at_k={
+            k: math.fsum(values) / len(values) for k, values in recalls.items()
+        },
+        n_for_95_recall=n_for_recall(rankings, 0.95),
+        n_for_99_recall=n_for_recall(rankings, 0.99),
+    )

@@ -1,0 +1,308 @@
+"""HumanEval + PEP 8 scoring: run `check` in a subprocess, and score with pylint.
+
+Model-written code is untrusted, so it never runs in this process: each check runs
+in a fresh `python -I` subprocess in its own temporary directory and process group,
+with a wall-clock timeout (the whole group is killed when it passes) and a cap on
+its address space. Pylint also runs in a subprocess, with its default rules except
+missing-final-newline (C0304) and trailing-newlines (C0305), as the method says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from langchain_tag.evaluation.datasets import HumanEvalProblem
+
+PYLINT_DISABLED = ("C0304", "C0305")
+"""missing-final-newline and trailing-newlines: left out of the score."""
+
+_STDERR_TAIL = 2000
+_PYLINT_TIMEOUT = 120.0
+
+# Sets the address-space cap, then runs the program as __main__. Passed with -c so
+# that the program file holds exactly the code under test.
+_BOOTSTRAP = """\
+import runpy, sys
+try:
+    import resource
+    limit = int(sys.argv[2]) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+except (ImportError, ValueError, OSError):
+    pass
+sys.argv = sys.argv[1:2]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+_THINKING = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.DOTALL | re.IGNORECASE)
+# A fence's info string (language) is the rest of its opening line; an output cut
+# off before the closing fence keeps everything after the opening one.
+_FENCE = re.compile(r"```[ \t]*([^\n`]*)\n(.*?)(?:```|\Z)", re.DOTALL)
+_DEF = re.compile(r"^\s*(?:async\s+)?def ", re.MULTILINE)
+_PYTHON_TAGS = frozenset({"", "python", "python3", "py"})
+
+
+class CheckResult(BaseModel):
+    """The outcome of running one problem's `check` on a completion."""
+
+    model_config = ConfigDict(frozen=True)
+
+    passed: bool
+    error: str | None = None
+    """Why it failed: the tail of stderr (a traceback, usually), or the timeout."""
+    seconds: float
+    timed_out: bool = False
+
+
+def extract_code(model_output: str) -> str:
+    """The Python code in a model's answer: a fenced block, or the bare text.
+
+    Reasoning in `<think>` blocks is dropped. Among fenced blocks tagged Python (or
+    untagged), the first that defines a function wins, else the first of them; an
+    unclosed fence (a cut-off answer) runs to the end. Without a fence, the whole
+    answer is taken as code.
+    """
+    text = _THINKING.sub("", model_output)
+    blocks: list[str] = [
+        body
+        for tag, body in _FENCE.findall(text)
+        if tag.strip().lower() in _PYTHON_TAGS
+    ]
+    if not blocks:
+        return text.strip("\n") + "\n"
+    chosen = next((b for b in blocks if _DEF.search(b)), blocks[0])
+    return chosen.rstrip() + "\n"
+
+
+def check_program(problem: HumanEvalProblem, completion_code: str) -> str:
+    """The program that checks `completion_code`: prompt, completion, test, check.
+
+    The completion follows the prompt, so it may be the function body that
+    continues the prompt (HumanEval's convention) or complete code that defines
+    the entry point again (as an executor asked for the full function writes).
+    """
+    return (
+        f"{problem.prompt}\n{completion_code}\n\n{problem.test}\n\n"
+        f"check({problem.entry_point})\n"
+    )
+
+
+@dataclass(frozen=True)
+class _Run:
+    """A finished (or killed) subprocess: exit status, or None if it timed out."""
+
+    returncode: int | None
+    seconds: float
+    stdout: str
+    stderr: str
+
+
+@contextlib.contextmanager
+def _workspace(name: str, code: str) -> Iterator[tuple[Path, Path]]:
+    """A temporary directory holding `code` as `name`: (directory, file)."""
+    with tempfile.TemporaryDirectory(prefix="tag-eval-") as directory:
+        path = Path(directory) / name
+        path.write_text(code, encoding="utf-8")
+        yield Path(directory), path
+
+
+def _kill_group(pid: int) -> None:
+    # The child leads its own session, so this also ends anything it started.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+@contextlib.contextmanager
+def _child_options(cwd: Path) -> Iterator[dict[str, Any]]:
+    """What both runners start the child with: output to files, its own session.
+
+    Files rather than pipes, so a child that prints without end cannot block.
+    """
+    with (
+        (cwd / "stdout.txt").open("wb") as stdout,
+        (cwd / "stderr.txt").open("wb") as stderr,
+    ):
+        yield {
+            "cwd": cwd,
+            "stdin": subprocess.DEVNULL,
+            "stdout": stdout,
+            "stderr": stderr,
+            "start_new_session": True,
+        }
+
+
+def _finished(cwd: Path, returncode: int | None, started: float) -> _Run:
+    return _Run(
+        returncode,
+        time.perf_counter() - started,
+        _read(cwd / "stdout.txt"),
+        _read(cwd / "stderr.txt"),
+    )
+
+
+def _run(argv: list[str], cwd: Path, timeout: float) -> _Run:
+    started = time.perf_counter()
+    with _child_options(cwd) as options:
+        # argv is ours; the code under test is a file it names.
+        process = subprocess.Popen(argv, **options)  # noqa: S603
+        try:
+            returncode: int | None = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        finally:
+            _kill_group(process.pid)
+            process.wait()
+    return _finished(cwd, returncode, started)
+
+
+async def _arun(argv: list[str], cwd: Path, timeout: float) -> _Run:
+    started = time.perf_counter()
+    with _child_options(cwd) as options:
+        process = await asyncio.create_subprocess_exec(*argv, **options)
+        try:
+            returncode: int | None = await asyncio.wait_for(process.wait(), timeout)
+        except asyncio.TimeoutError:
+            returncode = None
+        finally:
+            _kill_group(process.pid)
+            await process.wait()
+    return _finished(cwd, returncode, started)
+
+
+def _check_argv(program: Path, memory_limit_mb: int) -> list[str]:
+    return [sys.executable, "-I", "-c", _BOOTSTRAP, str(program), str(memory_limit_mb)]
+
+
+def _check_result(run: _Run, timeout: float) -> CheckResult:
+    if run.returncode is None:
+        return CheckResult(
+            passed=False,
+            error=f"timed out after {timeout:g} s",
+            seconds=run.seconds,
+            timed_out=True,
+        )
+    if run.returncode == 0:
+        return CheckResult(passed=True, seconds=run.seconds)
+    tail = run.stderr.strip()[-_STDERR_TAIL:]
+    return CheckResult(
+        passed=False,
+        error=tail or f"exited with status {run.returncode}",
+        seconds=run.seconds,
+    )
+
+
+def run_check(
+    problem: HumanEvalProblem,
+    completion_code: str,
+    timeout: float = 10.0,
+    *,
+    memory_limit_mb: int = 2048,
+) -> CheckResult:
+    """Run the problem's `check(entry_point)` on the completion, in a subprocess.
+
+    Args:
+        problem: The HumanEval problem.
+        completion_code: The body continuing the prompt, or complete code (see
+            `check_program`); `extract_code` gets it from a model's answer.
+        timeout: Wall-clock seconds before the process group is killed.
+        memory_limit_mb: Address-space cap of the subprocess (where supported).
+
+    Returns:
+        Passed iff the program exits with status 0 within the timeout.
+    """
+    with _workspace("program.py", check_program(problem, completion_code)) as (
+        directory,
+        program,
+    ):
+        run = _run(_check_argv(program, memory_limit_mb), directory, timeout)
+    return _check_result(run, timeout)
+
+
+async def arun_check(
+    problem: HumanEvalProblem,
+    completion_code: str,
+    timeout: float = 10.0,
+    *,
+    memory_limit_mb: int = 2048,
+) -> CheckResult:
+    """`run_check`, without blocking the event loop."""
+    with _workspace("program.py", check_program(problem, completion_code)) as (
+        directory,
+        program,
+    ):
+        run = await _arun(_check_argv(program, memory_limit_mb), directory, timeout)
+    return _check_result(run, timeout)
+
+
+def _pylint_argv(directory: Path, module: Path) -> list[str]:
+    rcfile = directory / "empty.pylintrc"  # no user or project configuration
+    rcfile.write_text("", encoding="utf-8")
+    return [
+        sys.executable,
+        "-m",
+        "pylint",
+        f"--rcfile={rcfile}",
+        "--persistent=n",
+        "--jobs=1",
+        "--output-format=json2",
+        f"--disable={','.join(PYLINT_DISABLED)}",
+        str(module),
+    ]
+
+
+def _pylint_result(run: _Run) -> float:
+    if run.returncode is None:
+        msg = f"pylint did not finish within {_PYLINT_TIMEOUT:g} s"
+        raise RuntimeError(msg)
+    try:
+        return float(json.loads(run.stdout)["statistics"]["score"])
+    except (ValueError, KeyError, TypeError):
+        # A usage error or a crash (exit status 32 and up) prints no report.
+        msg = (
+            f"pylint gave no score (exit status {run.returncode}): "
+            f"{run.stderr.strip()[-_STDERR_TAIL:] or run.stdout[:_STDERR_TAIL]}"
+        )
+        raise RuntimeError(msg) from None
+
+
+def pylint_score(code: str) -> float:
+    """Pylint's score of `code` (0-10), default rules minus C0304 and C0305.
+
+    Code that does not parse scores 0, as pylint rates it; so does blank code (no
+    answer), which pylint itself would rate 10.
+
+    Raises:
+        RuntimeError: Pylint failed or timed out.
+    """
+    if not code.strip():
+        return 0.0
+    with _workspace("solution.py", code) as (directory, module):
+        run = _run(_pylint_argv(directory, module), directory, _PYLINT_TIMEOUT)
+    return _pylint_result(run)
+
+
+async def apylint_score(code: str) -> float:
+    """`pylint_score`, without blocking the event loop."""
+    if not code.strip():
+        return 0.0
+    with _workspace("solution.py", code) as (directory, module):
+        run = await _arun(_pylint_argv(directory, module), directory, _PYLINT_TIMEOUT)
+    return _pylint_result(run)

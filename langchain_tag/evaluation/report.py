@@ -1,0 +1,429 @@
+"""Evaluation reports: results tables (Markdown, CSV, JSON) and a cost-quality plot.
+
+The Markdown table has one section per task, with that task's quality columns and
+the cost columns; skipped methods are listed under it with the reason, and the
+mismatch diagnostic of the similarity scorers follows. CSV and JSON hold every
+field of every `EvalResult` (`diagnostic.json` the diagnostics). The plot
+(matplotlib, the `eval` extra) puts each method at (LLM calls per input, quality)
+and (units given to the executor per input, quality), one row of panels per task.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from langchain_tag.evaluation.harness import (
+    TASKS,
+    DiagnosticResult,
+    EvalResult,
+    TaskName,
+)
+
+__all__ = [
+    "ReportFiles",
+    "main_metric",
+    "markdown_table",
+    "plot_cost_quality",
+    "write_csv",
+    "write_json",
+    "write_report",
+]
+
+QUALITY_COLUMNS: dict[TaskName, tuple[tuple[str, str], ...]] = {
+    "nba": (
+        ("precision_macro", "P macro"),
+        ("recall_macro", "R macro"),
+        ("f1_macro", "F1 macro"),
+        ("precision_micro", "P micro"),
+        ("recall_micro", "R micro"),
+        ("f1_micro", "F1 micro"),
+        ("strict_accuracy", "strict acc."),
+    ),
+    "obliqa": (
+        ("recall_at_10", "Recall@10"),
+        ("map_at_10", "MAP@10"),
+        ("recall_returned", "recall (all returned)"),
+    ),
+    "humaneval": (("pass_at_1", "pass@1"), ("pylint", "pylint")),
+}
+"""Per task: (EvalResult field, column heading) of its quality metrics."""
+
+MAIN_METRICS: dict[TaskName, tuple[str, ...]] = {
+    # The first one measured is plotted: end-task quality when an executor ran.
+    "nba": ("strict_accuracy", "f1_micro"),
+    "obliqa": ("recall_at_10",),
+    "humaneval": ("pass_at_1", "pylint"),
+}
+
+TASK_TITLES: dict[TaskName, str] = {
+    "nba": "RuleArena-NBA",
+    "obliqa": "ObliQA sample",
+    "humaneval": "HumanEval + PEP 8",
+}
+
+
+class ReportFiles(NamedTuple):
+    """Where `write_report` wrote the results."""
+
+    markdown: Path
+    csv: Path
+    json: Path
+    diagnostic: Path
+    plot: Path | None
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _table(headings: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """Markdown table lines: the heading row, the rule, a line per row of cells."""
+    return [
+        "| " + " | ".join(headings) + " |",
+        "|" + "|".join("---" for _ in headings) + "|",
+        *("| " + " | ".join(_cell(c) for c in cells) + " |" for cells in rows),
+    ]
+
+
+def main_metric(task: TaskName, results: Sequence[EvalResult]) -> str | None:
+    """The quality field plotted for `task`: its first metric any method measured."""
+    return next(
+        (
+            name
+            for name in MAIN_METRICS[task]
+            if any(getattr(r, name) is not None for r in results)
+        ),
+        None,
+    )
+
+
+def markdown_table(
+    results: Sequence[EvalResult], diagnostics: Sequence[DiagnosticResult] = ()
+) -> str:
+    """The results as Markdown: a section per task, skipped methods listed below.
+
+    Quality columns nobody measured are left out; the notes say why. With
+    `diagnostics`, each task's section ends with how well each similarity scorer
+    predicts the gold rules (the N a prefilter needs).
+    """
+    sections = []
+    for task in TASKS:
+        rows = [r for r in results if r.task == task]
+        found = [d for d in diagnostics if d.task == task]
+        if rows:
+            sections.append(_task_section(task, rows))
+        if found:
+            sections.append(_diagnostic_section(found))
+    return "\n\n".join(sections) + "\n"
+
+
+def _diagnostic_section(diagnostics: Sequence[DiagnosticResult]) -> str:
+    ks = sorted({k for d in diagnostics for k in d.report.recall_at_k})
+    first = diagnostics[0].report
+    headings = [
+        "scorer",
+        "AUC pooled",
+        "AUC per input",
+        *(f"recall@{k}" for k in ks),
+        "N for 95%",
+        "N for 99%",
+    ]
+    title = (
+        f"### {TASK_TITLES[diagnostics[0].task]}: similarity as a predictor of "
+        f"the gold rules ({first.n_queries} inputs, {first.units_total} rules, "
+        f"{first.gold_pairs} gold pairs)"
+    )
+    rows = (
+        [
+            d.scorer,
+            d.report.roc_auc_pooled,
+            d.report.roc_auc_mean_per_query,
+            *(d.report.recall_at_k.get(k) for k in ks),
+            d.report.n_for_95_recall,
+            d.report.n_for_99_recall,
+        ]
+        for d in diagnostics
+    )
+    return "\n".join([title, "", *_table(headings, rows)])
+
+
+def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
+    ran = [r for r in rows if r.status == "ok"]
+    quality = [
+        (name, heading)
+        for name, heading in QUALITY_COLUMNS[task]
+        if any(getattr(r, name) is not None for r in ran)
+    ]
+    headings = [
+        "method",
+        "units",
+        "n",
+        *(heading for _, heading in quality),
+        "LLM calls",
+        "calls/input",
+        "tokens in",
+        "tokens out",
+        "wall s",
+        "units/input",
+        "chars/input",
+        "failures",
+    ]
+    cells = (
+        [
+            r.method,
+            r.units,
+            r.n,
+            *(getattr(r, name) for name, _ in quality),
+            r.llm_calls,
+            r.calls_per_input,
+            r.input_tokens,
+            r.output_tokens,
+            f"{r.wall_seconds:.2f}",
+            r.mean_units,
+            None if r.mean_context_chars is None else round(r.mean_context_chars),
+            r.failures,
+        ]
+        for r in ran
+    )
+    lines = [f"## {TASK_TITLES[task]}", "", *_table(headings, cells)]
+    notes = sorted({note for r in ran for note in r.notes})
+    failures = [
+        f"Failures of {r.method}: {r.failures}, the first: {r.first_error}"
+        for r in ran
+        if r.failures
+    ]
+    skipped: dict[str, list[str]] = {}
+    for r in rows:
+        if r.status == "skipped":
+            skipped.setdefault(r.skip_reason or "", []).append(r.method)
+    if notes or failures:
+        lines += ["", *(f"Note: {note}." for note in notes), *failures]
+    if skipped:
+        lines += [
+            "",
+            "Skipped:",
+            *(f"- {', '.join(names)}: {reason}" for reason, names in skipped.items()),
+        ]
+    return "\n".join(lines)
+
+
+def write_csv(results: Sequence[EvalResult], path: str | os.PathLike[str]) -> Path:
+    """Every field of every result, one row each (notes joined by '; ')."""
+    target = Path(path)
+    fields = list(EvalResult.model_fields)
+    with target.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        for result in results:
+            row = result.model_dump(mode="json")
+            row["notes"] = "; ".join(row["notes"])
+            writer.writerow(row)
+    return target
+
+
+def write_json(results: Sequence[EvalResult], path: str | os.PathLike[str]) -> Path:
+    """The results as a JSON list."""
+    target = Path(path)
+    payload = [result.model_dump(mode="json") for result in results]
+    target.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return target
+
+
+_FAMILY_COLOURS = {
+    "none": "#7f7f7f",
+    "all": "#8c564b",
+    "similarity": "#1f77b4",
+    "prefilter": "#17becf",
+    "tag": "#d62728",
+    "cascade": "#ff7f0e",
+    "oracle": "#2ca02c",
+    "reranker": "#9467bd",
+    "applicability": "#e377c2",
+    "llm-filter": "#bcbd22",
+}
+
+
+def _figure(rows: int) -> Any:
+    """A figure of `rows` x 2 panels, drawn by Agg and unknown to pyplot.
+
+    Neither the process's backend nor pyplot's figure list is touched, so a
+    notebook's inline plots keep working after a report is written.
+    """
+    try:
+        from matplotlib.backends.backend_agg import (  # noqa: PLC0415 - optional
+            FigureCanvasAgg,
+        )
+        from matplotlib.figure import Figure  # noqa: PLC0415 - the `eval` extra
+    except ImportError as error:
+        msg = (
+            "The cost-versus-quality plot needs matplotlib: install the `eval` extra "
+            "(`pip install 'langchain-tag[eval]'`)."
+        )
+        raise ImportError(msg) from error
+    figure = Figure(figsize=(14, 5.5 * rows), dpi=_DPI)
+    FigureCanvasAgg(figure)  # attaches itself: layout and labels need a renderer
+    return figure
+
+
+PLOT_LABELS = {
+    "strict_accuracy": "strict accuracy",
+    "f1_micro": "rule-selection F1 (micro)",
+    "recall_at_10": "Recall@10 of gold passages",
+    "pass_at_1": "pass@1",
+    "pylint": "pylint score",
+}
+
+_DPI = 120
+_FONT = 7
+_LINE = _FONT * _DPI / 72 * 1.25
+"""Height of one label line, in pixels."""
+
+
+def plot_cost_quality(
+    results: Sequence[EvalResult], path: str | os.PathLike[str]
+) -> Path:
+    """Plot each task's main quality metric against cost, as a PNG.
+
+    One row per task that has a quality metric, two panels: x = LLM calls per
+    input and x = units given to the executor per input, both on a symmetric-log
+    scale (linear below 1, so methods without calls or units sit at 0). Points are
+    coloured by family and labelled with the method name; methods at the same
+    point share a label, and labels are moved apart so none covers another.
+    Methods without the metric (skipped, or chunks where rule selection is
+    undefined) are left out.
+
+    Raises:
+        ImportError: matplotlib is not installed (the `eval` extra).
+    """
+    measured = [
+        (task, rows, metric)
+        for task in TASKS
+        if (rows := [r for r in results if r.task == task and r.status == "ok"])
+        and (metric := main_metric(task, rows)) is not None
+    ]
+    figure = _figure(max(len(measured), 1))
+    axes = figure.subplots(max(len(measured), 1), 2, squeeze=False)
+    if not measured:
+        axes[0][0].set_title("no quality metric was measured")
+    labels = []
+    for row, (task, rows, metric) in zip(axes, measured, strict=False):
+        for axis, x_name, x_label in (
+            (row[0], "calls_per_input", "LLM calls per input"),
+            (row[1], "mean_units", "units given to the executor per input"),
+        ):
+            labels.append(_panel(axis, task, rows, metric, x_name, x_label))
+    figure.tight_layout()
+    for axis, points in labels:
+        _annotate(axis, points)
+    target = Path(path)
+    figure.savefig(target, dpi=_DPI)
+    return target
+
+
+def _panel(
+    axis: Any,
+    task: TaskName,
+    rows: Sequence[EvalResult],
+    metric: str,
+    x_name: str,
+    x_label: str,
+) -> tuple[Any, dict[tuple[float, float], list[str]]]:
+    """Draw one panel's points; returns them, by position, for labelling."""
+    label = PLOT_LABELS[metric]
+    axis.set_title(f"{TASK_TITLES[task]}: {label}")
+    axis.set_xlabel(f"{x_label} (symlog)")
+    axis.set_ylabel(label)
+    axis.grid(visible=True, alpha=0.3)
+    axis.set_xscale("symlog", linthresh=1.0)
+    names: dict[tuple[float, float], list[str]] = {}
+    for family, colour in _FAMILY_COLOURS.items():
+        points = [
+            (float(getattr(r, x_name)), float(getattr(r, metric)), r.method)
+            for r in rows
+            if r.family == family
+            and getattr(r, metric) is not None
+            and getattr(r, x_name) is not None
+        ]
+        if not points:
+            continue
+        xs, ys, _ = zip(*points, strict=True)
+        axis.scatter(xs, ys, color=colour, label=family, s=36, zorder=3)
+        for x, y, name in points:
+            names.setdefault((x, y), []).append(name)
+    axis.legend(fontsize=_FONT, loc="best")
+    axis.margins(x=0.12, y=0.08)  # room for the labels of the outermost points
+    return axis, names
+
+
+def _annotate(axis: Any, points: dict[tuple[float, float], list[str]]) -> None:
+    """Label the points, lifting a label above any it would cover (greedy)."""
+    placed: list[tuple[float, float, float]] = []  # left, right, baseline (pixels)
+    for (x, y), names in sorted(points.items(), key=lambda item: item[0][1]):
+        text = ", ".join(names)
+        left, bottom = axis.transData.transform((x, y))
+        left += 4
+        right = left + len(text) * _FONT * _DPI / 72 * 0.55
+        baseline = bottom + 3
+        while any(
+            l0 < right and left < r0 and abs(b0 - baseline) < _LINE
+            for l0, r0, b0 in placed
+        ):
+            baseline += _LINE
+        placed.append((left, right, baseline))
+        lifted = baseline - bottom > _LINE
+        axis.annotate(
+            text,
+            (x, y),
+            xytext=(4, baseline - bottom),
+            textcoords="offset pixels",
+            fontsize=_FONT,
+            arrowprops={"arrowstyle": "-", "lw": 0.4, "alpha": 0.5} if lifted else None,
+        )
+
+
+def write_report(
+    results: Sequence[EvalResult],
+    out_dir: str | os.PathLike[str],
+    *,
+    diagnostics: Sequence[DiagnosticResult] = (),
+    plot: bool = True,
+) -> ReportFiles:
+    """Write the results tables, the diagnostics and the plot into `out_dir`.
+
+    The files are `results.md`, `results.csv`, `results.json`, `diagnostic.json`
+    and `cost_quality.png`. The tables are written before the plot, so they exist
+    even when matplotlib is missing.
+
+    Raises:
+        ImportError: `plot` is set and matplotlib is not installed.
+    """
+    directory = Path(out_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    markdown = directory / "results.md"
+    markdown.write_text(markdown_table(results, diagnostics), encoding="utf-8")
+    diagnostic = directory / "diagnostic.json"
+    diagnostic.write_text(
+        json.dumps([d.model_dump(mode="json") for d in diagnostics], indent=2) + "\n",
+        encoding="utf-8",
+    )
+    files = ReportFiles(
+        markdown=markdown,
+        csv=write_csv(results, directory / "results.csv"),
+        json=write_json(results, directory / "results.json"),
+        diagnostic=diagnostic,
+        plot=None,
+    )
+    if plot:
+        files = files._replace(
+            plot=plot_cost_quality(results, directory / "cost_quality.png")
+        )
+    return files

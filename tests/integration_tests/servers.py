@@ -1,0 +1,156 @@
+"""Servers started as subprocesses on loopback for the integration tests.
+
+Each server runs in its own session (process group), so stopping it also stops the
+workers it forked, and every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+STARTUP_SECONDS = 60.0
+STOP_SECONDS = 10.0
+LANGGRAPH = Path(sys.executable).with_name("langgraph")
+"""The langgraph CLI of this interpreter's environment (the `server` group)."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def log_tail(log: Path, lines: int = 40) -> str:
+    """The last `lines` lines of a server's log, for failure messages."""
+    text = log.read_text(encoding="utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def wait_until_ready(
+    name: str,
+    ready_url: str,
+    process: subprocess.Popen[bytes],
+    log: Path,
+    timeout: float = STARTUP_SECONDS,
+) -> None:
+    """Poll `ready_url` until it answers 200; fail with the log if it never does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(
+                f"{name} exited with {process.returncode} before answering; its log "
+                f"ends:\n{log_tail(log)}"
+            )
+        try:
+            with urllib.request.urlopen(ready_url, timeout=2) as response:  # noqa: S310 - our loopback URL
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.25)
+    pytest.fail(
+        f"{name} did not answer {ready_url} within {timeout:.0f} s; its log "
+        f"ends:\n{log_tail(log)}"
+    )
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Terminate the server's process group; kill it if it does not stop in time."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=STOP_SECONDS)
+    # Children that outlived the leader (workers) go with the group.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def running_server(
+    name: str,
+    command: Sequence[str],
+    *,
+    ready_url: str,
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    startup_seconds: float = STARTUP_SECONDS,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Start `command`, wait until `ready_url` answers, and stop it on exit.
+
+    Output goes to `log` (appended, so a restarted server keeps one log).
+    """
+    with log.open("ab") as output:
+        process = subprocess.Popen(  # noqa: S603 - the tests' own fixed commands
+            list(command),
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            wait_until_ready(name, ready_url, process, log, startup_seconds)
+            yield process
+        finally:
+            stop(process)
+
+
+@contextlib.contextmanager
+def langgraph_dev(
+    openai_base_url: str,
+    *,
+    cwd: Path,
+    log: Path,
+    config_file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[str]:
+    """`langgraph dev` on a free loopback port; yields its URL.
+
+    Its models are `ChatOpenAI` pointed at `openai_base_url` (a `FakeOpenAIServer`),
+    so it runs offline; `config_file` defaults to `cwd`'s langgraph.json.
+    """
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server_env = {
+        **os.environ,
+        "LANGGRAPH_CLI_NO_ANALYTICS": "1",
+        "LANGSMITH_TRACING": "false",
+        "OPENAI_BASE_URL": openai_base_url,
+        "OPENAI_API_KEY": "test",
+        "TAG_MODEL": "fake",
+        **(env or {}),
+    }
+    command = [str(LANGGRAPH), "dev", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--no-browser", "--no-reload"]
+    if config_file is not None:
+        command += ["--config", str(config_file)]
+    with running_server(
+        "langgraph dev",
+        command,
+        ready_url=f"{url}/ok",
+        log=log,
+        env=server_env,
+        cwd=cwd,
+    ):
+        yield url

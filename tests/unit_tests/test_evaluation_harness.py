@@ -1,0 +1,655 @@
+"""The evaluation harness: methods as retrievers, metrics, cost columns, report, CLI.
+
+The synthetic tests build tiny data sets in memory, so the harness logic is covered
+on a fresh clone; the `requires_data` tests run it offline on the real dev data.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.language_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
+from langchain_core.outputs import Generation, LLMResult
+
+from langchain_tag import Rule, Rulebook, cli
+from langchain_tag.evaluation import harness, report
+from langchain_tag.evaluation.datasets import (
+    HumanEvalProblem,
+    NBADataset,
+    NBAProblem,
+    ObliQADataset,
+    ObliQAPassage,
+    ObliQAQuestion,
+)
+from langchain_tag.evaluation.diagnostic import MismatchReport
+from langchain_tag.evaluation.harness import EvalResult
+from langchain_tag.retriever import rule_document
+from langchain_tag.testing import HashingFakeEmbeddings, RuleAwareFakeChatModel
+
+ASSUMPTIONS = {
+    "prior_salary_cap_year": "2023-24",
+    "prior_salary_cap": 136_000_000,
+    "prior_average_player_salary": 9_700_000,
+    "current_salary_cap_year": "2024-25",
+    "salary_cap": 140_588_000,
+    "luxury_tax": 170_814_000,
+    "first_apron_level": 178_132_000,
+    "second_apron_level": 188_931_000,
+    "team_salary_note": "Team salaries exclude expiring contracts.",
+}
+
+# Each rule fires, for RuleAwareFakeChatModel, when its backticked word is in the text.
+RULES = {
+    "sign_and_trade": "sign-and-trade",
+    "mid_level_exception": "mid-level",
+    "rookie_scale": "rookie",
+    "bird_rights": "bird",
+    "minimum_salary": "minimum",
+    "draft_pick_trade": "draft pick",
+}
+
+
+def nba_problem(
+    number: int, text: str, gold: list[str], answer: tuple[bool, str, str]
+) -> NBAProblem:
+    return NBAProblem(
+        id=f"comp_0#{number:03d}",
+        level=0,
+        text=text,
+        team_situations=(),
+        player_situations=(),
+        operations=(),
+        gold_rule_ids=gold,
+        answer=answer[0],
+        illegal_operation=answer[1] or None,
+        problematic_team=answer[2] or None,
+    )
+
+
+@pytest.fixture
+def nba() -> NBADataset:
+    catalogue = Rulebook.from_rules(
+        [
+            Rule(
+                rule_id=rule_id,
+                name=rule_id.replace("_", " "),
+                condition=f"The scenario involves `{word}`",
+                action=f"Check the {word} limits.",
+                tags=("salary",),
+            )
+            for rule_id, word in RULES.items()
+        ]
+    )
+    problems = [
+        nba_problem(
+            1,
+            "Team A makes a sign-and-trade with a rookie.",
+            ["sign_and_trade", "rookie_scale"],
+            (True, "A", "B"),
+        ),
+        nba_problem(
+            2,
+            "Team B uses the mid-level exception on a player with bird rights.",
+            ["mid_level_exception", "bird_rights"],
+            (True, "A", "A"),
+        ),
+        nba_problem(
+            3,
+            "Team C signs a player to a minimum contract and trades a draft pick.",
+            ["minimum_salary", "draft_pick_trade"],
+            (False, "", ""),
+        ),
+    ]
+    text = "\n\n".join(
+        f"Article {n}. A team using the {word} rule must follow it." * 3
+        for n, word in enumerate(RULES.values(), 1)
+    )
+    return NBADataset(
+        problems=problems, catalogue=catalogue, cba_text=text, assumptions=ASSUMPTIONS
+    )
+
+
+@pytest.fixture
+def obliqa() -> ObliQADataset:
+    texts = [
+        "A virtual asset custodian must segregate client assets.",
+        "Mining reporting entities disclose their mineral resources annually.",
+        "Petroleum reporting entities disclose their reserves.",
+        "Climate risk must be managed by the governing body.",
+    ]
+    units, start = [], 0
+    for n, text in enumerate(texts, 1):
+        units.append(
+            ObliQAPassage(
+                unit_id=f"19:{n}",
+                document_id=19,
+                passage_id=str(n),
+                uuid=f"uuid-{n}",
+                text=text,
+                start=start,
+                end=start + len(text),
+            )
+        )
+        start += len(text) + 2
+    questions = [
+        ObliQAQuestion(
+            id="q1", text="How must custodians hold assets?", gold_unit_ids=["19:1"]
+        ),
+        ObliQAQuestion(
+            id="q2",
+            text="What do mining and petroleum entities disclose?",
+            gold_unit_ids=["19:2", "19:3"],
+        ),
+    ]
+    return ObliQADataset(units=units, questions=questions, titles={19: "Guidance"})
+
+
+def by_method(results: list[EvalResult]) -> dict[str, EvalResult]:
+    return {r.method: r for r in results}
+
+
+def verdict_model(payload: dict[str, Any], **usage: int) -> GenericFakeChatModel:
+    message = AIMessage(json.dumps(payload), usage_metadata=usage or None)
+    return GenericFakeChatModel(messages=itertools.repeat(message))
+
+
+# --- Synthetic data ---------------------------------------------------------------
+
+
+async def test_oracle_is_perfect_and_m0_selects_nothing(nba: NBADataset) -> None:
+    results = by_method(
+        await harness.aevaluate(
+            harness.nba_task(nba),
+            methods=["m0-*", "m1-*", "oracle", "prefilter-bm25-n5"],
+            embeddings=HashingFakeEmbeddings(),
+        )
+    )
+    oracle = results["oracle"]
+    assert oracle.status == "ok"
+    assert oracle.family == "oracle"
+    assert (oracle.precision_micro, oracle.recall_micro, oracle.f1_micro) == (1, 1, 1)
+    assert (oracle.precision_macro, oracle.recall_macro) == (1.0, 1.0)
+    # The oracle is TAG through the real retriever: one counted call per rule.
+    assert oracle.llm_calls == 3 * len(RULES)
+    assert oracle.mean_units == 2.0
+    m0 = results["m0-no-retrieval"]
+    assert (m0.precision_micro, m0.recall_micro, m0.f1_macro) == (0.0, 0.0, 0.0)
+    assert m0.mean_units == 0.0
+    assert m0.llm_calls == 0
+    m1 = results["m1-all-rules"]
+    assert m1.recall_micro == 1.0
+    assert m1.precision_micro == pytest.approx(2 / len(RULES))
+    assert m1.mean_units == len(RULES)
+    assert results["prefilter-bm25-n5"].mean_units == 5.0
+    for result in results.values():
+        assert result.failures == 0
+        assert result.strict_accuracy is None
+        assert "strict accuracy: needs an executor model" in result.notes
+        assert result.input_tokens is None  # nothing reported usage
+
+
+async def test_judge_calls_are_counted_exactly(nba: NBADataset) -> None:
+    judge = RuleAwareFakeChatModel()
+    results = by_method(
+        await harness.aevaluate(
+            harness.nba_task(nba),
+            methods=["tag", "tag+*"],
+            judge_model=judge,
+            embeddings=HashingFakeEmbeddings(),
+        )
+    )
+    tag = results["tag"]
+    assert (
+        tag.llm_calls
+        == 3 * len(RULES)
+        == judge.calls - results["tag+hybrid-n20"].llm_calls
+    )
+    assert tag.executor_calls == 0
+    # The fake judges exactly like the gold here: backticked words are in the text.
+    assert tag.recall_micro == 1.0
+    assert tag.precision_micro == 1.0
+    # The prefilter keeps min(20, 6) rules: every rule is still judged.
+    assert results["tag+hybrid-n20"].llm_calls == 3 * len(RULES)
+
+
+async def test_a_failing_input_is_counted_not_fatal(nba: NBADataset) -> None:
+    # The first judgment of one rule fails for good: that problem's retrieval fails.
+    judge = RuleAwareFakeChatModel(faults={"bird_rights": [ValueError("boom")]})
+    [tag] = await harness.aevaluate(
+        harness.nba_task(nba), methods=["tag"], judge_model=judge, max_concurrency=1
+    )
+    assert tag.status == "ok"
+    assert tag.n == 3
+    assert tag.failures == 1
+    assert tag.first_error is not None
+    assert tag.first_error.startswith("retrieval: JudgmentError")
+    assert "boom" in tag.first_error
+    assert tag.recall_micro == pytest.approx(4 / 6)  # the failed problem found none
+
+
+async def test_methods_needing_a_model_are_skipped_with_the_reason(
+    nba: NBADataset,
+) -> None:
+    results = by_method(
+        await harness.aevaluate(
+            harness.nba_task(nba),
+            methods=["tag*", "relevance-reranker", "llm-chain-filter-*", "m0-*"],
+            embeddings=HashingFakeEmbeddings(),
+        )
+    )
+    for name in ("tag", "tag+hybrid-n20", "relevance-reranker", "llm-chain-filter-k20"):
+        assert results[name].status == "skipped"
+        assert "needs a judge model" in (results[name].skip_reason or "")
+    assert results["m0-no-retrieval"].status == "ok"
+
+
+async def test_cascade_needs_a_cheap_judge(nba: NBADataset) -> None:
+    judge = RuleAwareFakeChatModel()
+    skipped = await harness.aevaluate(
+        harness.nba_task(nba), methods=["tag-cascade"], judge_model=judge
+    )
+    assert "cheap judge" in (skipped[0].skip_reason or "")
+    cheap = RuleAwareFakeChatModel(logprobs=True, confidence=0.95)
+    ran = await harness.aevaluate(
+        harness.nba_task(nba),
+        methods=["tag-cascade"],
+        judge_model=judge,
+        cheap_judge_model=cheap,
+    )
+    result = ran[0]
+    assert result.status == "ok"
+    assert result.recall_micro == 1.0
+    # Every pair goes to the cheap judge; its YESes (2 per problem) are escalated.
+    assert cheap.calls == 3 * len(RULES)
+    assert judge.calls == 3 * 2
+    assert result.llm_calls == cheap.calls + judge.calls
+
+
+async def test_strict_accuracy_and_tokens_with_an_executor(nba: NBADataset) -> None:
+    verdict = {
+        "answer": True,
+        "illegal_operation": "A",
+        "problematic_team": "B",
+        "rationale": "Team B breaks the cap.",
+    }
+    executor = verdict_model(
+        verdict, input_tokens=100, output_tokens=20, total_tokens=120
+    )
+    results = by_method(
+        await harness.aevaluate(
+            harness.nba_task(nba),
+            methods=["m0-*", "oracle"],
+            executor_model=executor,
+            embeddings=HashingFakeEmbeddings(),
+        )
+    )
+    for result in results.values():
+        # Right on problem 1 only: problem 2 blames another team, 3 is legal.
+        assert result.strict_accuracy == pytest.approx(1 / 3)
+        assert result.executor_calls == 3
+        assert (result.input_tokens, result.output_tokens) == (300, 60)
+    assert results["oracle"].llm_calls == 3 * len(RULES) + 3
+
+
+async def test_executor_gets_the_assumptions_but_retrieval_does_not(
+    nba: NBADataset,
+) -> None:
+    executor = RuleAwareFakeChatModel()  # echoes its prompt: not an NBA verdict
+    [result] = await harness.aevaluate(
+        harness.nba_task(nba), methods=["m0-*"], executor_model=executor
+    )
+    assert result.failures == 3
+    assert result.first_error is not None
+    assert result.first_error.startswith("execution: OutputParserException")
+    assert result.strict_accuracy == 0.0
+    assert all("Luxury tax: $170,814,000" in prompt for prompt in executor.prompts)
+
+
+async def test_obliqa_ranks_passages(obliqa: ObliQADataset) -> None:
+    results = by_method(
+        await harness.aevaluate(
+            harness.obliqa_task(obliqa),
+            methods=["m0-*", "oracle", "prefilter-bm25-n10", "m2-chunks-k5"],
+            embeddings=HashingFakeEmbeddings(),
+        )
+    )
+    assert results["oracle"].recall_at_10 == 1.0
+    assert results["oracle"].map_at_10 == 1.0
+    assert results["oracle"].units == "passages"  # the passage rulebook's
+    assert results["oracle"].llm_calls == 2 * 4
+    assert results["m0-no-retrieval"].recall_at_10 == 0.0
+    # Four passages, all shortlisted: everything is found, not all ranked first.
+    bm25 = results["prefilter-bm25-n10"]
+    assert bm25.recall_returned == 1.0
+    assert bm25.mean_units == 4.0
+    assert 0.0 < (bm25.map_at_10 or 0.0) <= 1.0
+    chunks = results["m2-chunks-k5"]
+    assert chunks.units == "chunks"
+    assert chunks.recall_returned == 1.0  # passages are short: one chunk each
+
+
+def test_ranked_passages_map_rules_back_by_source(obliqa: ObliQADataset) -> None:
+    task = harness.obliqa_task(obliqa)
+    rulebook = task.rulebook
+    assert rulebook is not None
+    docs = [
+        rule_document(rulebook.rules[2]),
+        obliqa.passages[0],
+        rule_document(rulebook.rules[0]),
+    ]
+    assert task.ranked_passages(docs) == ["19:3", "19:1"]
+
+
+async def test_humaneval_pass_at_1_and_pylint() -> None:
+    problem = HumanEvalProblem(
+        task_id="HumanEval/0",
+        prompt='def add(a: int, b: int) -> int:\n    """Add two numbers."""\n',
+        entry_point="add",
+        canonical_solution="    return a + b\n",
+        test="def check(candidate):\n    assert candidate(2, 3) == 5\n",
+    )
+    code = (
+        '"""Addition."""\n\n\ndef add(a: int, b: int) -> int:\n'
+        '    """Add two numbers."""\n    return a + b\n'
+    )
+    executor = GenericFakeChatModel(messages=itertools.repeat(AIMessage(code)))
+    task = harness.humaneval_task([problem], "Use 4 spaces per indentation level.")
+    results = by_method(
+        await harness.aevaluate(
+            task,
+            methods=["m0-*", "m1-*", "oracle"],
+            executor_model=executor,
+            embeddings=HashingFakeEmbeddings(),
+        )
+    )
+    m0 = results["m0-no-retrieval"]
+    assert m0.pass_at_1 == 1.0
+    assert m0.pylint == 10.0
+    assert "no PEP 8 rulebook" in (results["m1-all-rules"].skip_reason or "")
+    assert results["oracle"].status == "skipped"
+
+
+def test_diagnose_scores_the_prefilter_scorers(nba: NBADataset) -> None:
+    task = harness.nba_task(nba)
+    found = harness.diagnose(task, HashingFakeEmbeddings())
+    assert [d.scorer for d in found] == ["dense", "bm25", "hybrid"]
+    for result in found:
+        assert result.task == "nba"
+        assert result.report.n_queries == 3
+        assert result.report.units_total == len(RULES)
+        assert result.report.gold_pairs == 6
+        assert result.report.n_for_99_recall is not None
+        assert result.report.n_for_99_recall <= len(RULES)
+    only_bm25 = harness.diagnose(task, scorers=["bm25"])  # needs no embeddings
+    assert [d.scorer for d in only_bm25] == ["bm25"]
+    assert only_bm25[0].report == found[1].report
+    no_gold = harness.humaneval_task([], "PEP 8 text")
+    assert harness.diagnose(no_gold) == []
+
+
+def test_embeddings_are_kept_across_runs(tmp_path: Path) -> None:
+    path = tmp_path / "vectors.sqlite"
+    model = HashingFakeEmbeddings()
+    first = harness.CachedEmbeddings(model, path, namespace="hashing")
+    vectors = first.embed_documents(["a rule", "a chunk", "a rule"])
+    query = first.embed_query("an input")
+    assert model.documents_embedded == 2  # the repeat came from memory
+    again = harness.CachedEmbeddings(model, path, namespace="hashing")
+    assert again.embed_documents(["a chunk", "a rule"]) == vectors[1::-1]
+    assert again.embed_query("an input") == query
+    assert model.documents_embedded == 2  # nothing embedded the second time
+    other = harness.CachedEmbeddings(model, path, namespace="another model")
+    other.embed_documents(["a rule"])
+    assert model.documents_embedded == 3  # other models never share vectors
+    with pytest.raises(ValueError, match="needs a namespace"):
+        harness.CachedEmbeddings(model, path)
+
+
+def test_cost_tracker_reads_legacy_token_usage() -> None:
+    tracker = harness.CostTracker()
+    tracker.on_llm_start({}, ["prompt"])
+    tracker.on_llm_end(
+        LLMResult(
+            generations=[[Generation(text="x")]],
+            llm_output={"token_usage": {"prompt_tokens": 7, "completion_tokens": 2}},
+        )
+    )
+    tracker.on_llm_start({}, ["prompt"])
+    tracker.on_llm_end(LLMResult(generations=[[Generation(text="y")]]))
+    assert (tracker.calls, tracker.reported_calls) == (2, 1)
+    assert (tracker.input_tokens, tracker.output_tokens) == (7, 2)
+
+
+def test_select_methods_takes_names_and_globs() -> None:
+    methods = harness.standard_methods("nba")
+    names = [
+        m.name for m in harness.select_methods(methods, ["prefilter-bm25-*", "oracle"])
+    ]
+    assert names == [
+        "prefilter-bm25-n5",
+        "prefilter-bm25-n10",
+        "prefilter-bm25-n20",
+        "oracle",
+    ]
+    with pytest.raises(
+        ValueError, match=r"No method matches 'orcale'.*m0-no-retrieval"
+    ):
+        harness.select_methods(methods, ["orcale"])
+    assert harness.select_methods(methods, ["orcale"], strict=False) == []
+    assert len({m.name for m in methods}) == len(methods)
+
+
+def test_report_files(tmp_path: Path) -> None:
+    results = [
+        EvalResult(
+            task="nba",
+            method="oracle",
+            family="oracle",
+            units="rules",
+            n=3,
+            precision_micro=1.0,
+            recall_micro=1.0,
+            f1_micro=1.0,
+            llm_calls=30,
+            mean_units=2.0,
+            notes=["strict accuracy: needs an executor model"],
+        ),
+        EvalResult(
+            task="nba",
+            method="m2-chunks-k5",
+            family="similarity",
+            units="chunks",
+            n=3,
+            mean_units=5.0,
+            failures=1,
+            first_error="retrieval: boom",
+        ),
+        EvalResult(
+            task="nba",
+            method="tag",
+            family="tag",
+            units="rules",
+            status="skipped",
+            skip_reason="needs a judge model",
+        ),
+        EvalResult(
+            task="obliqa",
+            method="oracle",
+            family="oracle",
+            units="rules",
+            n=2,
+            recall_at_10=1.0,
+            map_at_10=1.0,
+            llm_calls=8,
+            mean_units=1.5,
+        ),
+    ]
+    diagnostic = harness.DiagnosticResult(
+        task="nba",
+        scorer="bm25",
+        report=MismatchReport(
+            n_queries=3,
+            units_total=55,
+            gold_pairs=30,
+            roc_auc_pooled=0.61,
+            roc_auc_mean_per_query=0.6,
+            recall_at_k={5: 0.1, 10: 0.2},
+            n_for_95_recall=48,
+            n_for_99_recall=None,
+        ),
+    )
+    files = report.write_report(results, tmp_path / "out", diagnostics=[diagnostic])
+    markdown = files.markdown.read_text()
+    assert "## RuleArena-NBA" in markdown
+    assert "## ObliQA sample" in markdown
+    assert "| oracle | rules | 3 | 1.000 | 1.000 | 1.000 | 30 | 10.000 |" in markdown
+    assert "strict acc." not in markdown  # measured by nobody: column left out
+    assert "Note: strict accuracy: needs an executor model." in markdown
+    assert "Failures of m2-chunks-k5: 1, the first: retrieval: boom" in markdown
+    assert "- tag: needs a judge model" in markdown
+    with files.csv.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["method"] for row in rows] == [r.method for r in results]
+    loaded = [EvalResult.model_validate(r) for r in json.loads(files.json.read_text())]
+    assert loaded == results
+    assert "(3 inputs, 55 rules, 30 gold pairs)" in markdown
+    assert "| bm25 | 0.610 | 0.600 | 0.100 | 0.200 | 48 | - |" in markdown
+    saved = json.loads(files.diagnostic.read_text())
+    assert [harness.DiagnosticResult.model_validate(d) for d in saved] == [diagnostic]
+    assert files.plot is not None
+    assert files.plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.main_metric("nba", results) == "f1_micro"
+
+
+def test_the_plot_leaves_matplotlib_state_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mpl = pytest.importorskip("matplotlib")
+    plt = pytest.importorskip("matplotlib.pyplot")
+    # Stands for a notebook's inline backend, which writing a report must keep.
+    monkeypatch.setitem(mpl.rcParams, "backend", "svg")
+    figures = plt.get_fignums()
+    result = EvalResult(
+        task="nba",
+        method="oracle",
+        family="oracle",
+        units="rules",
+        n=1,
+        f1_micro=1.0,
+        llm_calls=2,
+        mean_units=1.0,
+    )
+    path = report.plot_cost_quality([result], tmp_path / "plot.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert mpl.rcParams["backend"] == "svg"
+    assert plt.get_fignums() == figures  # no figure left open in pyplot
+
+
+def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert cli.main(["eval", "nba", "--data-dir", str(tmp_path / "none")]) == 2
+    assert "no data directory at" in capsys.readouterr().err
+    assert cli.main(["eval", "nba", "--offline", "--judge-model", "x"]) == 2
+    assert "--offline uses no model" in capsys.readouterr().err
+    assert cli.main(["eval", "nba", "--limit", "0"]) == 2
+    assert "--limit must be a positive number" in capsys.readouterr().err
+
+
+# --- Real data --------------------------------------------------------------------
+
+
+@pytest.mark.requires_data
+def test_nba_offline_on_real_data(data_dir: Path) -> None:
+    results = by_method(
+        harness.run_nba(
+            data_dir,
+            methods=["m0-*", "m1-*", "prefilter-*-n20", "oracle*", "tag"],
+            limit=4,
+            embeddings=HashingFakeEmbeddings(),
+        )
+    )
+    oracle = results["oracle"]
+    assert (oracle.precision_micro, oracle.recall_micro) == (1.0, 1.0)
+    assert (oracle.precision_macro, oracle.recall_macro) == (1.0, 1.0)
+    assert oracle.llm_calls == 4 * 55
+    assert results["m0-no-retrieval"].recall_micro == 0.0
+    assert results["m1-all-rules"].recall_micro == 1.0
+    assert results["m1-all-rules"].mean_units == 55
+    for name in ("prefilter-dense-n20", "prefilter-bm25-n20", "prefilter-hybrid-n20"):
+        assert results[name].mean_units == 20
+        assert 0.0 < (results[name].recall_micro or 0.0) < 1.0
+    behind = results["oracle+hybrid-n20"]
+    assert behind.llm_calls == 4 * 20
+    assert behind.precision_micro == 1.0
+    assert behind.recall_micro == results["prefilter-hybrid-n20"].recall_micro
+    assert results["tag"].status == "skipped"
+
+
+@pytest.mark.requires_data
+def test_tag_calls_on_real_data_are_problems_times_rules(data_dir: Path) -> None:
+    judge = RuleAwareFakeChatModel()
+    results = by_method(
+        harness.run_nba(
+            data_dir,
+            methods=["tag", "tag+hybrid-n20"],
+            limit=3,
+            judge_model=judge,
+            embeddings=HashingFakeEmbeddings(),
+        )
+    )
+    assert results["tag"].llm_calls == 3 * 55
+    assert results["tag+hybrid-n20"].llm_calls == 3 * 20
+    assert judge.calls == 3 * 55 + 3 * 20
+
+
+@pytest.mark.requires_data
+def test_obliqa_offline_on_real_data(data_dir: Path) -> None:
+    results = by_method(
+        harness.run_obliqa(
+            data_dir,
+            methods=["m0-*", "prefilter-bm25-n10", "oracle+*"],
+            limit=3,
+            embeddings=HashingFakeEmbeddings(),
+        )
+    )
+    assert results["m0-no-retrieval"].recall_at_10 == 0.0
+    bm25 = results["prefilter-bm25-n10"]
+    assert 0.0 <= (bm25.recall_at_10 or 0.0) <= 1.0
+    assert bm25.recall_at_10 == bm25.recall_returned  # 10 passages, all ranked
+    behind = results["oracle+hybrid-n50"]
+    assert behind.llm_calls == 3 * 50
+    assert behind.map_at_10 == behind.recall_at_10  # only gold comes back
+
+
+@pytest.mark.requires_data
+def test_cli_eval_on_real_data(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "eval"
+    argv = [
+        *("eval", "all", "--data-dir", str(data_dir), "--offline", "--limit", "2"),
+        *("--embedding-cache", str(tmp_path / "vectors.sqlite")),
+    ]
+    methods = "m0-*,prefilter-bm25-n5,prefilter-bm25-n10,oracle"
+    assert cli.main([*argv, "--methods", methods, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "## RuleArena-NBA" in captured.out
+    assert "## ObliQA sample" in captured.out
+    assert "## HumanEval + PEP 8" in captured.out
+    assert "| oracle | rules | 2 | 1.000 | 1.000 | 1.000 |" in captured.out
+    assert "nba prefilter-bm25-n5: 2 inputs" in captured.err
+    assert "obliqa prefilter-bm25-n5" not in captured.err  # NBA's N only
+    # The BM25 prefilters' diagnostic (NBA: gold labels; ObliQA: gold passages).
+    assert "### RuleArena-NBA: similarity as a predictor" in captured.out
+    assert "### ObliQA sample: similarity as a predictor" in captured.out
+    files = ("results.md", "results.csv", "results.json", "diagnostic.json")
+    for name in (*files, "cost_quality.png"):
+        assert (out / name).stat().st_size > 0
+    assert f"wrote {out / 'results.md'}" in captured.out
+    assert cli.main([*argv, "--methods", "nope", "--out", str(out)]) == 2
+    assert "No method matches 'nope'" in capsys.readouterr().err
