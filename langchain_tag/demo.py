@@ -200,16 +200,7 @@ def demo_models(
         )
         raise ModelNotConfiguredError(msg) from error
     with local_model.LocalOpenAIServer(path, port=_stable_port()) as server:
-        judge = ApplicabilityJudge(
-            llm=server.chat_model(
-                response_format=local_model.VERDICT_RESPONSE_FORMAT, max_tokens=16
-            ),
-            # Its structured output asks for `json_schema`, which llama.cpp rejects;
-            # the JSON-constrained text above is read by the judge's parser instead.
-            structured_output="never",
-            logprobs=True,
-            on_error="not_applicable",
-        )
+        judge = server.judge(on_error="not_applicable")
         yield DemoModels(
             extractor=server.chat_model(
                 response_format=local_model.JSON_RESPONSE_FORMAT, max_tokens=1024

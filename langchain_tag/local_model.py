@@ -41,6 +41,7 @@ from pydantic import PrivateAttr
 from typing_extensions import Self
 
 from langchain_tag._processes import free_port, stop_process_group
+from langchain_tag.matching import ApplicabilityJudge
 
 __all__ = [
     "INSTALL_HINT",
@@ -224,11 +225,7 @@ class LocalOpenAIServer:
     Example:
         ```python
         with LocalOpenAIServer() as server:
-            judge = ApplicabilityJudge(
-                llm=server.chat_model(response_format=VERDICT_RESPONSE_FORMAT),
-                structured_output="never",
-                logprobs=True,
-            )
+            judge = server.judge(on_error="not_applicable")
         ```
 
     Args:
@@ -431,3 +428,25 @@ class LocalOpenAIServer:
             "extra_body": extra_body,
         }
         return ChatOpenAI(**{**settings, **kwargs})
+
+    def judge(
+        self, *, model_options: Mapping[str, Any] | None = None, **judge_options: Any
+    ) -> ApplicabilityJudge:
+        """An `ApplicabilityJudge` over this server: JSON-constrained verdicts.
+
+        For offline smoke runs only: SmolLM2-135M judges poorly. The grammar makes
+        every answer `{"verdict": "yes"|"no"}` (single tokens, so logprob scores
+        work); the judge reads it as text, since `ChatOpenAI`'s structured output
+        sends `json_schema`, which this server rejects.
+
+        Args:
+            model_options: More `chat_model()` arguments (`timeout`, `max_retries`).
+            **judge_options: `ApplicabilityJudge` fields (`on_error`, `cache`,
+                `retry`, ...); they override `logprobs=True`.
+        """
+        llm = self.chat_model(
+            response_format=VERDICT_RESPONSE_FORMAT,
+            **{"max_tokens": 16, **(model_options or {})},
+        )
+        options = {"logprobs": True, **judge_options}
+        return ApplicabilityJudge(llm=llm, structured_output="never", **options)

@@ -35,7 +35,6 @@ from langchain_tag import (
 )
 from langchain_tag.local_model import (
     JSON_RESPONSE_FORMAT,
-    VERDICT_RESPONSE_FORMAT,
     LocalOpenAIServer,
     LocalServerError,
     local_chat_model,
@@ -141,12 +140,7 @@ def test_json_constrained_verdicts_carry_logprob_scores(
     server: LocalOpenAIServer, pep8_rulebook: Rulebook
 ) -> None:
     recorder = Recorder()
-    judge = ApplicabilityJudge(
-        llm=server.chat_model(response_format=VERDICT_RESPONSE_FORMAT, max_tokens=16),
-        structured_output="never",
-        logprobs=True,
-        cache=None,
-    )
+    judge = server.judge(cache=None)
     rules = pep8_rulebook.rules[:3]
     verdicts = judge.judge_rules(SNIPPET, rules, {"callbacks": [recorder]})
     # The grammar makes every answer a verdict, and "yes"/"no" are single tokens.
@@ -189,12 +183,7 @@ async def test_retriever_keeps_several_judgments_in_flight_within_its_limit(
     server: LocalOpenAIServer, pep8_rulebook: Rulebook
 ) -> None:
     recorder = Recorder()
-    judge = ApplicabilityJudge(
-        llm=server.chat_model(response_format=VERDICT_RESPONSE_FORMAT, max_tokens=16),
-        structured_output="never",
-        logprobs=True,
-        cache=None,
-    )
+    judge = server.judge(cache=None)
     retriever = TAGRetriever(rulebook=pep8_rulebook, judge=judge, max_concurrency=3)
     result = await retriever.amatch(SNIPPET, {"callbacks": [recorder]})
     assert result.candidates == len(result.verdicts) == len(pep8_rulebook)
@@ -211,11 +200,9 @@ def test_timeouts_are_retried_then_flagged_or_raised(
     server: LocalOpenAIServer, pep8_rulebook: Rulebook
 ) -> None:
     rule = pep8_rulebook.rules[0]
-    judge = ApplicabilityJudge(
-        llm=server.chat_model(
-            response_format=VERDICT_RESPONSE_FORMAT, timeout=0.001, max_retries=0
-        ),
-        structured_output="never",
+    judge = server.judge(
+        model_options={"timeout": 0.001, "max_retries": 0},
+        logprobs=False,
         retry=FAST_RETRY,
         on_error="not_applicable",
         cache=None,
@@ -240,11 +227,9 @@ async def test_a_server_killed_mid_batch_leaves_flagged_failures(
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(group, signal.SIGKILL)
 
-        judge = ApplicabilityJudge(
-            llm=dying.chat_model(
-                response_format=VERDICT_RESPONSE_FORMAT, max_tokens=16, max_retries=0
-            ),
-            structured_output="never",
+        judge = dying.judge(
+            model_options={"max_retries": 0},
+            logprobs=False,
             retry=FAST_RETRY,
             on_error="not_applicable",
             cache=None,

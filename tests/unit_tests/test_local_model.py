@@ -15,6 +15,7 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from langchain_tag import ApplicabilityJudge, Rulebook, local_model
 from langchain_tag.local_model import LocalOpenAIServer, LocalServerError
+from langchain_tag.testing import RuleAwareFakeChatModel
 
 _find_spec = importlib.util.find_spec
 
@@ -106,3 +107,28 @@ def test_the_judge_reads_the_constrained_verdict(
     verdict = judge.invoke(("from os import *", pep8_rulebook.rules[0]))
     assert verdict.error is None
     assert verdict.applies is (value == "yes")
+
+
+def test_server_judge_reads_json_constrained_verdicts_as_text(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    server = LocalOpenAIServer(tmp_path / "model.gguf")
+    requested: list[dict[str, Any]] = []
+
+    def chat_model(**kwargs: Any) -> RuleAwareFakeChatModel:
+        requested.append(kwargs)
+        return RuleAwareFakeChatModel()
+
+    monkeypatch.setattr(server, "chat_model", chat_model)
+    judge = server.judge(model_options={"timeout": 5.0}, on_error="not_applicable")
+    assert requested == [
+        {
+            "response_format": local_model.VERDICT_RESPONSE_FORMAT,
+            "max_tokens": 16,
+            "timeout": 5.0,
+        }
+    ]
+    assert judge.structured_output == "never"
+    assert judge.logprobs
+    assert judge.on_error == "not_applicable"
+    assert not server.judge(logprobs=False).logprobs
