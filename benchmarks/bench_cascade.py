@@ -41,8 +41,12 @@ from pathlib import Path
 
 import _common
 
-from langchain_tag.cascade import CascadeJudge, CascadeStats
-from langchain_tag.matching import ApplicabilityJudge, Verdict
+from langchain_tag.matching import (
+    ApplicabilityJudge,
+    CascadeJudge,
+    CascadeStats,
+    Verdict,
+)
 from langchain_tag.rules import Rule
 from langchain_tag.testing import NoisyJudgeFakeChatModel
 

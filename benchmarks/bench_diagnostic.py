@@ -39,7 +39,7 @@ from langchain_tag.evaluation import (
     load_obliqa,
     mismatch_diagnostic,
 )
-from langchain_tag.prefilter import (
+from langchain_tag.matching.prefilters import (
     BM25Scorer,
     DenseScorer,
     HybridScorer,

@@ -50,8 +50,8 @@ from typing import Any
 import _common
 from langchain_core.documents import Document
 
-from langchain_tag import prompts
-from langchain_tag.extraction import Checkpoint, ExtractionReport, extract_rules
+from langchain_tag.extraction import ExtractionReport, extract_rules, prompts
+from langchain_tag.extraction.run import Checkpoint
 from langchain_tag.rules import Rulebook
 from langchain_tag.testing import ExtractionFakeChatModel
 

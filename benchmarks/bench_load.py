@@ -42,12 +42,8 @@ from typing import Any
 import _common
 from langchain_core.rate_limiters import InMemoryRateLimiter
 
-from langchain_tag import (
-    ApplicabilityJudge,
-    InMemoryVerdictCache,
-    SQLiteVerdictCache,
-    TAGRetriever,
-)
+from langchain_tag import ApplicabilityJudge, TAGRetriever
+from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 
 RATE = 500.0

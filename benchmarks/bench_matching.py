@@ -46,7 +46,7 @@ import _common
 from langchain_core.documents import Document
 
 from langchain_tag.matching import ApplicabilityJudge
-from langchain_tag.retriever import TAGRetriever
+from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.rules import Rule, Rulebook
 from langchain_tag.testing import RuleAwareFakeChatModel
 

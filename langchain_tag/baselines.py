@@ -49,14 +49,15 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 from pydantic import Field, PrivateAttr, field_validator
 
-from langchain_tag import prompts
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     ApplicabilityJudge,
     RuleSchemaProfile,
+    prompts,
 )
+from langchain_tag.matching.store import sync_documents
 from langchain_tag.models import default_chat_model, with_settings
-from langchain_tag.retriever import TAGRetriever, rule_document
+from langchain_tag.retrievers import TAGRetriever, rule_document
 from langchain_tag.rules import Rule, Rulebook
 
 if TYPE_CHECKING:
@@ -317,24 +318,15 @@ def chunk_retriever(
         collection_configuration={"hnsw": CHUNK_INDEX_HNSW},
         relevance_score_fn=_cosine_relevance,
     )
-    found = store.get(include=["documents", "metadatas"])
-    stored = {
-        chunk_id: (text, metadata or {})
-        for chunk_id, text, metadata in zip(
-            found["ids"], found["documents"], found["metadatas"], strict=True
-        )
-    }
-    stale = sorted(set(stored) - set(ids))
-    for batch in _batches(stale):
-        store.delete(ids=list(batch))
-    # Adding upserts, so a changed chunk simply replaces its stored record.
-    missing = [
-        (chunk_id, chunk)
-        for chunk_id, chunk in zip(ids, chunks, strict=True)
-        if stored.get(chunk_id) != _as_stored(chunk)
-    ]
-    for batch in _batches(missing):
-        store.add_documents([chunk for _, chunk in batch], ids=[i for i, _ in batch])
+    sync_documents(
+        store,
+        [
+            chunk.model_copy(update={"id": i})
+            for i, chunk in zip(ids, chunks, strict=True)
+        ],
+        unchanged=lambda chunk, text, metadata: (text, metadata) == _as_stored(chunk),
+        batch_size=_WRITE_BATCH,
+    )
     return ChunkRetriever(vectorstore=store, k=k)
 
 
@@ -396,11 +388,6 @@ def _storable(value: object) -> bool:
         and all(isinstance(v, _CHROMA_SCALARS) for v in value)
         and len({type(v) for v in value}) == 1
     )
-
-
-def _batches(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), _WRITE_BATCH):
-        yield items[start : start + _WRITE_BATCH]
 
 
 def _scored(found: Iterable[tuple[Document, float]]) -> list[Document]:

@@ -17,6 +17,12 @@ from collections import OrderedDict
 from pathlib import Path
 
 
+__all__ = [
+    "InMemoryVerdictCache",
+    "SQLiteVerdictCache",
+    "VerdictCache",
+]
+
 class VerdictCache(ABC):
     """Where verdicts are remembered, keyed by an opaque string."""
 

@@ -13,10 +13,7 @@ judges poorly and rarely extracts a rule, and the demo says so.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import re
-import signal
 import socket
 import sys
 import time
@@ -34,14 +31,11 @@ from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel
 from pydantic import BaseModel, Field
 
+from langchain_tag._text import slug
 from langchain_tag.execution import CODE_TEMPLATE, ActionOnlyExecutor
 from langchain_tag.matching import ApplicabilityJudge, UnreliableMatchWarning
-from langchain_tag.models import (
-    ModelNotConfiguredError,
-    default_chat_model,
-    environment_configures_model,
-)
-from langchain_tag.retriever import MatchResult, TAGRetriever
+from langchain_tag.models import ModelNotConfiguredError, configured_model
+from langchain_tag.retrievers import MatchResult, TAGRetriever
 
 if TYPE_CHECKING:
     from langchain_core.embeddings import Embeddings
@@ -141,10 +135,6 @@ def _title(section: Section) -> str:
     return section.heading_path[-1] if section.heading_path else ""
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "preamble"
-
-
 # --- the models -------------------------------------------------------------------
 
 
@@ -179,14 +169,13 @@ def demo_models(
         ModelNotConfiguredError: No model is configured and the local one is not
             installed.
     """
-    if environment_configures_model() and not offline:
-        llm = default_chat_model(**({"model": model} if model else {}))
+    configured = None if offline else configured_model(model)
+    if configured is not None:
+        llm = configured.llm
         judge = ApplicabilityJudge(
             llm=llm, logprobs=logprobs, on_error="not_applicable"
         )
-        name = getattr(llm, "model_name", None) or type(llm).__name__
-        where = getattr(llm, "openai_api_base", None) or "the OpenAI API"
-        yield DemoModels(llm, judge, llm, f"{name} at {where}")
+        yield DemoModels(llm, judge, llm, f"{configured.name} at {configured.where}")
         return
     from langchain_tag import local_model  # noqa: PLC0415 - only offline
 
@@ -317,7 +306,7 @@ def run_demo(
         max_concurrency: LLM calls in flight at most.
         out: Where the report is printed, progress included.
     """
-    from langchain_tag.store import RuleStore  # noqa: PLC0415 - loads chromadb
+    from langchain_tag.matching.store import RuleStore  # noqa: PLC0415 - loads chromadb
 
     started = time.perf_counter()
     workdir = Path(workdir)
@@ -436,7 +425,7 @@ def _extract(
         [
             Document(
                 page_content=s.text,
-                id=f"pep8-{_slug(_title(s))}",
+                id=f"pep8-{slug(_title(s), 'preamble')}",
                 metadata={
                     "source": "pep-0008.rst",
                     "section": " > ".join(s.heading_path),
@@ -578,112 +567,3 @@ def _indent(text: str, spaces: int) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-# --- the command ------------------------------------------------------------------
-
-
-def add_demo_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Register `tag demo` on the `tag` command's subparsers."""
-    parser = commands.add_parser(
-        "demo",
-        help="run the whole method on PEP 8 and a few code snippets",
-        description="Extract rules from PEP 8 (bundled), store them in embedded "
-        "Chroma, match a few code snippets and execute with the matched actions, "
-        "printing the rules, matches with scores, answers, calls and time. Uses the "
-        "model configured by OPENAI_API_KEY / OPENAI_BASE_URL; with neither set it "
-        "runs offline on SmolLM2-135M, which demonstrates the pipeline but judges "
-        "poorly.",
-    )
-    parser.add_argument(
-        "--sections",
-        default=",".join(DEFAULT_SECTIONS),
-        help='comma-separated PEP 8 section titles, or "all" (default: %(default)s)',
-    )
-    parser.add_argument(
-        "--max-sections", type=int, help="extract from at most N of those sections"
-    )
-    parser.add_argument(
-        "--rulebook",
-        help="match against this rulebook (e.g. written by `tag extract`) instead of "
-        "extracting one",
-    )
-    parser.add_argument(
-        "--workdir",
-        default=str(DEFAULT_WORKDIR),
-        help="rulebook, extraction checkpoint and Chroma database (default "
-        "%(default)s)",
-    )
-    parser.add_argument(
-        "--offline",
-        action="store_true",
-        help="use the local SmolLM2 even when a model is configured",
-    )
-    parser.add_argument(
-        "--model", help="model name for the default ChatOpenAI (else $TAG_MODEL)"
-    )
-    parser.add_argument(
-        "--no-logprobs",
-        action="store_true",
-        help="do not ask the configured model for logprobs (matches get no score)",
-    )
-    parser.add_argument("--prefilter-k", type=int, default=5)
-    parser.add_argument("--max-concurrency", type=int, default=4)
-    parser.set_defaults(handler=demo_command)
-
-
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextmanager
-def _interrupts_stop(stop: Callable[[], None] | None) -> Iterator[None]:
-    """On Ctrl-C or SIGTERM, end the local server before unwinding.
-
-    Otherwise the calls in flight wait for the server to finish generating (it
-    ignores a client's interruption), and a SIGTERM would leave it running.
-    """
-    if stop is None:
-        yield
-        return
-
-    def interrupt(*_: object) -> None:
-        stop()
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in _STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def demo_command(args: argparse.Namespace) -> int:
-    """Run `tag demo` with parsed arguments; returns the exit status."""
-    from langchain_tag.cli import CommandError  # noqa: PLC0415 - cli imports this module
-    from langchain_tag.local_model import LocalServerError  # noqa: PLC0415
-    from langchain_tag.rules import Rulebook  # noqa: PLC0415
-
-    rulebook = Rulebook.load(args.rulebook) if args.rulebook else None
-    titles = (
-        None if args.sections.strip().lower() == "all" else args.sections.split(",")
-    )
-    sections = pep8_sections(titles, args.max_sections)
-    try:
-        with (
-            demo_models(
-                offline=args.offline, model=args.model, logprobs=not args.no_logprobs
-            ) as models,
-            _interrupts_stop(models.stop),
-        ):
-            run_demo(
-                models,
-                workdir=args.workdir,
-                sections=sections,
-                rulebook=rulebook,
-                prefilter_k=args.prefilter_k,
-                max_concurrency=args.max_concurrency,
-            )
-    except (ImportError, LocalServerError) as error:
-        raise CommandError(str(error)) from error
-    return 0

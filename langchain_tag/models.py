@@ -1,18 +1,34 @@
-"""The default chat model, configured from the environment.
+"""Chat models: the default one from the environment, settings, identity, retries.
 
-Any LangChain `BaseChatModel` works everywhere in langchain-tag; this is only what is
-used when none is passed.
+Any LangChain `BaseChatModel` works everywhere in langchain-tag; `default_chat_model`
+is only what is used when none is passed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import fields
-from typing import Any, TypeVar
+import random
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from langchain_core.documents import Document
+import httpx
 from langchain_core.language_models import BaseChatModel
+
+if TYPE_CHECKING:
+    from langgraph.types import RetryPolicy
+
+__all__ = [
+    "CallRetry",
+    "ConfiguredModel",
+    "ModelNotConfiguredError",
+    "configured_model",
+    "default_chat_model",
+    "model_identity",
+    "with_settings",
+]
 
 MODEL_ENV_VAR = "TAG_MODEL"
 """Environment variable naming the model to use with the default `ChatOpenAI`."""
@@ -22,32 +38,6 @@ DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
 
 class ModelNotConfiguredError(RuntimeError):
     """No chat model was passed and the environment configures none."""
-
-
-ContextT = TypeVar("ContextT")
-
-
-def as_documents(items: Iterable[Document | Mapping[str, Any]]) -> list[Document]:
-    """Documents as given in Python, or as the JSON a LangGraph server passes on."""
-    return [
-        item if isinstance(item, Document) else Document.model_validate(item)
-        for item in items
-    ]
-
-
-def coerce_context(context: object, schema: type[ContextT]) -> ContextT:
-    """A graph's run context as its dataclass.
-
-    Python callers pass the dataclass; a LangGraph server passes the JSON a client
-    sent (a dict, possibly with fields this version does not know, which are
-    ignored); no context means the defaults.
-    """
-    if isinstance(context, schema):
-        return context
-    if isinstance(context, Mapping):
-        known = {f.name for f in fields(schema)}  # type: ignore[arg-type]
-        return schema(**{k: v for k, v in context.items() if k in known})
-    return schema()
 
 
 def with_settings(
@@ -73,6 +63,29 @@ def with_settings(
 def environment_configures_model() -> bool:
     """Whether `OPENAI_API_KEY` or `OPENAI_BASE_URL` is set (and not empty)."""
     return bool(os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"))
+
+
+class ConfiguredModel(NamedTuple):
+    """The environment's chat model, its name, and where it runs."""
+
+    llm: BaseChatModel
+    name: str
+    where: str
+
+
+def configured_model(model: str | None = None) -> ConfiguredModel | None:
+    """The environment's model, named, if the environment configures one.
+
+    The one selector of the demo and the notebooks: with `OPENAI_API_KEY` or
+    `OPENAI_BASE_URL` set, `default_chat_model()` (`model` overriding `TAG_MODEL`);
+    otherwise None, and the caller uses its offline stand-in.
+    """
+    if not environment_configures_model():
+        return None
+    llm = default_chat_model(**({"model": model} if model else {}))
+    name = getattr(llm, "model_name", None) or type(llm).__name__
+    where = getattr(llm, "openai_api_base", None) or "the OpenAI API"
+    return ConfiguredModel(llm, name, where)
 
 
 def default_chat_model(**kwargs: Any) -> BaseChatModel:
@@ -111,3 +124,87 @@ def default_chat_model(**kwargs: Any) -> BaseChatModel:
         "base_url": base_url,
     }
     return ChatOpenAI(**{**settings, **kwargs})
+
+
+# --- Calling models ------------------------------------------------------------
+
+
+_TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    asyncio.TimeoutError,
+    ConnectionError,
+    httpx.TimeoutException,
+    httpx.NetworkError,
+)
+"""Errors retried by default. Also retried: any error carrying a 408/429/5xx
+`status_code` (rate limits and overloads of most providers' SDKs) and the OpenAI SDK's
+connection and timeout errors."""
+
+
+def _is_openai_connection_error(error: BaseException) -> bool:
+    # Looked up only if the SDK is loaded: importing it costs ~0.8 s, and an error
+    # from it implies it is.
+    openai = sys.modules.get("openai")
+    return openai is not None and isinstance(error, openai.APIConnectionError)
+
+
+@dataclass(frozen=True)
+class CallRetry:
+    """Exponential backoff with jitter for transient model errors."""
+
+    max_attempts: int = 4
+    initial_delay: float = 1.0
+    backoff: float = 2.0
+    max_delay: float = 30.0
+    jitter: float = 0.25
+    retry_on: tuple[type[BaseException], ...] = field(default=TRANSIENT_ERRORS)
+
+    def is_transient(self, error: BaseException) -> bool:
+        """Whether `error` is worth retrying."""
+        if isinstance(error, self.retry_on) or _is_openai_connection_error(error):
+            return True
+        # Our own errors (a JudgmentError) say whether their cause was transient.
+        transient = getattr(error, "transient", None)
+        if isinstance(transient, bool):
+            return transient
+        return getattr(error, "status_code", None) in _TRANSIENT_STATUS
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based)."""
+        base = min(self.max_delay, self.initial_delay * self.backoff ** (attempt - 1))
+        return base * (1 + self.jitter * random.random())  # noqa: S311 - not crypto
+
+    def as_node_policy(self) -> RetryPolicy:
+        """The same policy as a LangGraph node `RetryPolicy`."""
+        from langgraph.types import RetryPolicy  # noqa: PLC0415 - only for graphs
+
+        return RetryPolicy(
+            initial_interval=self.initial_delay,
+            backoff_factor=self.backoff,
+            max_interval=self.max_delay,
+            max_attempts=self.max_attempts,
+            # LangGraph's jitter adds up to a second to every wait, whatever the policy.
+            jitter=False,
+            retry_on=self.is_transient,
+        )
+
+
+_ENDPOINT_FIELDS = ("openai_api_base", "base_url", "api_base", "endpoint_url", "host")
+
+
+def model_identity(llm: BaseChatModel) -> str:
+    """A string naming the model, its settings and its endpoint, for cache keys.
+
+    The endpoint matters: two OpenAI-compatible servers may serve different models
+    under one name, and `_identifying_params` leaves the address out.
+    """
+    params = dict(llm._identifying_params)  # noqa: SLF001 - the public-facing identity
+    for name in _ENDPOINT_FIELDS:
+        value = getattr(llm, name, None)
+        if isinstance(value, str) and value:
+            params[f"endpoint:{name}"] = value
+    return f"{type(llm).__module__}.{type(llm).__qualname__}:" + json.dumps(
+        params, sort_keys=True, default=str
+    )

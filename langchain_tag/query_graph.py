@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -31,6 +31,8 @@ from pydantic import ConfigDict, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import NotRequired, TypedDict
 
+from langchain_tag._graph import as_documents
+from langchain_tag._graph import coerce_context as _coerce
 from langchain_tag.execution import (
     CODE_TEMPLATE,
     GENERIC_TEMPLATE,
@@ -43,19 +45,26 @@ from langchain_tag.extraction.graph import (
     ExtractionInput,
     ExtractionSettings,
     build_extraction_graph,
-    node_retry_policy,
 )
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     NBA_PROFILE,
     ApplicabilityJudge,
-    RetryPolicy,
+    BaseJudge,
     RuleSchemaProfile,
     Verdict,
 )
-from langchain_tag.models import as_documents, default_chat_model
-from langchain_tag.models import coerce_context as _coerce
+from langchain_tag.matching.judge import select_applicable
+from langchain_tag.models import CallRetry, default_chat_model
 from langchain_tag.rules import Rule, Rulebook
+
+__all__ = [
+    "Match",
+    "QueryContext",
+    "QueryInput",
+    "QueryOutput",
+    "build_query_graph",
+]
 
 PROFILES: dict[str, RuleSchemaProfile] = {
     "condition": CONDITION_PROFILE,
@@ -84,7 +93,7 @@ class QueryContext:
 
     judge_model: SkipJsonSchema[BaseChatModel | None] = None
     """The applicability judge; None uses `default_chat_model()`."""
-    judge: SkipJsonSchema[ApplicabilityJudge | None] = None
+    judge: SkipJsonSchema[BaseJudge | None] = None
     """A ready judge (e.g. a `CascadeJudge`) instead of one made from `judge_model`,
     `logprobs` and `profile`. Its own retries and cache then run inside the
     node's."""
@@ -162,16 +171,16 @@ def _environment_model() -> BaseChatModel:
     return default_chat_model()
 
 
-# The node's RetryPolicy retries a judgment whose error was transient; the judge
+# The node's CallRetry retries a judgment whose error was transient; the judge
 # itself makes one attempt per try, so the two do not multiply.
-_ONE_ATTEMPT = RetryPolicy(max_attempts=1)
+_ONE_ATTEMPT = CallRetry(max_attempts=1)
 
-_judges: dict[int, tuple[QueryContext, ApplicabilityJudge]] = {}
+_judges: dict[int, tuple[QueryContext, BaseJudge]] = {}
 _judges_lock = threading.Lock()
 _MAX_JUDGES = 64
 
 
-def _judge(context: QueryContext) -> ApplicabilityJudge:
+def _judge(context: QueryContext) -> BaseJudge:
     """The run's judge, built once per context and shared by its M `match_rule` tasks.
 
     Building one costs a model copy and a structured-output wrapper (about a
@@ -190,7 +199,7 @@ def _judge(context: QueryContext) -> ApplicabilityJudge:
     return judge
 
 
-def _build_judge(context: QueryContext) -> ApplicabilityJudge:
+def _build_judge(context: QueryContext) -> BaseJudge:
     if context.judge is not None:
         return context.judge
     profile = context.profile
@@ -222,7 +231,7 @@ def _executor(context: QueryContext) -> ActionOnlyExecutor:
     llm = (
         context.executor_model
         or context.judge_model
-        or (context.judge.llm if context.judge is not None else None)
+        or (context.judge.final_llm if context.judge is not None else None)
         or _environment_model()
     )
     return ActionOnlyExecutor(llm=llm, template=_template(context))
@@ -424,39 +433,17 @@ async def amatch_rule(request: MatchRequest, config: RunnableConfig) -> dict[str
     return {"verdicts": [verdict.model_dump(mode="json")]}
 
 
-def select(
-    rules: Sequence[Mapping[str, Any]],
-    verdicts: Sequence[Verdict],
-    k: int | None,
-    threshold: float | None,
-) -> list[tuple[Mapping[str, Any], Verdict]]:
-    """Applicable rules by score, then rulebook order; cut by threshold and k."""
-    position = {rule["rule_id"]: i for i, rule in enumerate(rules)}
-    by_id = {rule["rule_id"]: rule for rule in rules}
-
-    def relevance(verdict: Verdict) -> float:
-        return 1.0 if verdict.score is None else verdict.score
-
-    kept = [
-        v
-        for v in verdicts
-        if v.applies
-        and v.rule_id in by_id
-        and (threshold is None or relevance(v) >= threshold)
-    ]
-    kept.sort(key=lambda v: (-relevance(v), position[v.rule_id]))
-    if k is not None:
-        kept = kept[:k]
-    return [(by_id[v.rule_id], v) for v in kept]
-
-
 def execute(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
     """Answer with the input and only the matched rules' actions."""
     context = _context()
     verdicts = [Verdict.model_validate(v) for v in state.get("verdicts", [])]
-    chosen = select(
-        state.get("rules") or [], verdicts, context.k, context.score_threshold
-    )
+    by_id = {rule["rule_id"]: rule for rule in state.get("rules") or []}
+    chosen = [
+        (by_id[v.rule_id], v)
+        for v in select_applicable(
+            verdicts, list(by_id), k=context.k, threshold=context.score_threshold
+        )
+    ]
     rules = [Rule.model_validate(rule) for rule, _ in chosen]
     answer = _executor(context).invoke(
         {"input": state["query"], "rules": rules}, config
@@ -511,7 +498,7 @@ def build_query_graph(
     *,
     checkpointer: BaseCheckpointSaver[Any] | None = None,
     cache: BaseCache[Any] | None = None,
-    retry: RetryPolicy | None = None,
+    retry: CallRetry | None = None,
 ) -> CompiledStateGraph[QueryState, QueryContext, QueryInput, QueryOutput]:
     """Compile the query graph.
 
@@ -521,8 +508,8 @@ def build_query_graph(
             judged by the same model and profile is not sent again.
         retry: Backoff for transient model errors on the judge and executor nodes.
     """
-    retry = retry or RetryPolicy()
-    node_retry = node_retry_policy(retry)
+    retry = retry or CallRetry()
+    node_retry = retry.as_node_policy()
     builder = StateGraph(
         QueryState,
         context_schema=QueryContext,

@@ -28,6 +28,20 @@ from pydantic import (
     model_validator,
 )
 
+__all__ = [
+    "FORMAT_VERSION",
+    "NormativeType",
+    "PreferredAction",
+    "Relationship",
+    "Rule",
+    "RuleLineage",
+    "RuleRelation",
+    "Rulebook",
+    "RulebookError",
+    "SourceDocument",
+    "SourceSpan",
+]
+
 FORMAT_VERSION = 1
 """Version of the rulebook file format this release writes and reads."""
 

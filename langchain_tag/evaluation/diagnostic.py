@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_tag.evaluation.metrics import n_for_recall, recall_at_k, roc_auc
-from langchain_tag.prefilter import SimilarityScorer, rank_by_score
+from langchain_tag.matching.prefilters import SimilarityScorer, rank_by_score
 
 
 class MismatchReport(BaseModel):

@@ -48,8 +48,8 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Self, Unpack
 
-from langchain_tag import baselines, prefilter
-from langchain_tag.cascade import CascadeJudge
+from langchain_tag import baselines
+from langchain_tag.matching import prefilters as prefilter
 from langchain_tag.embeddings import LocalMiniLMEmbeddings
 from langchain_tag.evaluation import datasets, metrics
 from langchain_tag.evaluation.diagnostic import MismatchReport, mismatch_diagnostic
@@ -65,9 +65,10 @@ from langchain_tag.execution import (
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     ApplicabilityJudge,
+    CascadeJudge,
     RuleSchemaProfile,
 )
-from langchain_tag.retriever import TAGRetriever, rule_document
+from langchain_tag.retrievers import TAGRetriever, rule_document
 from langchain_tag.rules import Rule, Rulebook
 
 __all__ = [

@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from langchain_tag._text import strip_thinking
 from langchain_tag.evaluation.datasets import HumanEvalProblem
 
 PYLINT_DISABLED = ("C0304", "C0305")
@@ -48,7 +49,6 @@ sys.argv = sys.argv[1:2]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
-_THINKING = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.DOTALL | re.IGNORECASE)
 # A fence's info string (language) is the rest of its opening line; an output cut
 # off before the closing fence keeps everything after the opening one.
 _FENCE = re.compile(r"```[ \t]*([^\n`]*)\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -76,7 +76,7 @@ def extract_code(model_output: str) -> str:
     unclosed fence (a cut-off answer) runs to the end. Without a fence, the whole
     answer is taken as code.
     """
-    text = _THINKING.sub("", model_output)
+    text = strip_thinking(model_output)
     blocks: list[str] = [
         body
         for tag, body in _FENCE.findall(text)

@@ -27,13 +27,13 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import PrivateAttr
 
+from langchain_tag._delimiters import escape_delimiters
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     ApplicabilityJudge,
     RuleSchemaProfile,
 )
-from langchain_tag.prompts import escape_delimiters
-from langchain_tag.testing import judge_fields
+from langchain_tag.matching.prompts import read_judge_message
 
 _SHOWN = 80
 """Characters of an unknown input quoted in the error."""
@@ -95,7 +95,7 @@ class OracleChatModel(BaseChatModel):
         Raises:
             OracleError: Not a judge prompt, or an input not in `gold`.
         """
-        parsed = judge_fields(prompt)
+        parsed = read_judge_message(prompt)
         if parsed is None:
             msg = (
                 "OracleChatModel only answers applicability-judge prompts (an input "

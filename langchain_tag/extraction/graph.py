@@ -38,14 +38,14 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import get_runtime
 from langgraph.types import Overwrite, Send
-from langgraph.types import RetryPolicy as GraphRetryPolicy
 from pydantic import ConfigDict
 from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import NotRequired, TypedDict
 
-from langchain_tag import prompts
+from langchain_tag._graph import as_documents, coerce_context
+from langchain_tag._text import batches, slug
 from langchain_tag.cache import VerdictCache
-from langchain_tag.extraction import phases
+from langchain_tag.extraction import phases, prompts
 from langchain_tag.extraction.phases import (
     AtomicRecord,
     DraftRule,
@@ -60,11 +60,10 @@ from langchain_tag.extraction.verification import (
     coverage,
     independence,
 )
-from langchain_tag.matching import RetryPolicy, model_identity
 from langchain_tag.models import (
-    as_documents,
-    coerce_context,
+    CallRetry,
     default_chat_model,
+    model_identity,
     with_settings,
 )
 from langchain_tag.rules import (
@@ -441,16 +440,12 @@ def _atomics(state: ExtractionState) -> list[AtomicRecord]:
     return [AtomicRecord.model_validate(a) for a in state.get("atomics", [])]
 
 
-def _batches(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
 def _unit_batches(
     atomics: Sequence[AtomicRecord], size: int
 ) -> list[tuple[str, Sequence[AtomicRecord]]]:
     keyed = []
     for section_id, units in _by_section(atomics).items():
-        for n, batch in enumerate(_batches(units, size)):
+        for n, batch in enumerate(batches(units, size)):
             keyed.append((f"{section_id}:{n}", batch))
     return keyed
 
@@ -511,7 +506,7 @@ def tag_groups(
         if len(members) <= limit:
             groups.append((f"{tag}:0", members))
             continue
-        chunks = _batches(members, max(1, limit // 2))
+        chunks = list(batches(members, max(1, limit // 2)))
         for n, (a, b) in enumerate(combinations(range(len(chunks)), 2)):
             groups.append((f"{tag}:{n}", [*chunks[a], *chunks[b]]))
     return groups
@@ -778,10 +773,6 @@ def to_recovery(state: ExtractionState) -> list[Send] | str:
 # --- finalize ---------------------------------------------------------------------
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:24] or "rule"
-
-
 def _rule_ids(rules: Sequence[dict[str, Any]]) -> dict[str, str]:
     ids: dict[str, str] = {}
     used: set[str] = set()
@@ -791,10 +782,10 @@ def _rule_ids(rules: Sequence[dict[str, Any]]) -> dict[str, str]:
                 [rule["document_id"], rule["condition"], rule["action"]]
             ).encode()
         ).hexdigest()[:8]
-        candidate, n = f"{_slug(rule['document_id'])}-{digest}", 1
+        candidate, n = f"{slug(rule['document_id'], 'rule', 24)}-{digest}", 1
         while candidate in used:
             n += 1
-            candidate = f"{_slug(rule['document_id'])}-{digest}-{n}"
+            candidate = f"{slug(rule['document_id'], 'rule', 24)}-{digest}-{n}"
         used.add(candidate)
         ids[rule["draft_id"]] = candidate
     return ids
@@ -975,23 +966,10 @@ def _report(
 # --- the graph ---------------------------------------------------------------------
 
 
-def node_retry_policy(retry: RetryPolicy) -> GraphRetryPolicy:
-    """Our retry policy as a LangGraph node `RetryPolicy`."""
-    return GraphRetryPolicy(
-        initial_interval=retry.initial_delay,
-        backoff_factor=retry.backoff,
-        max_interval=retry.max_delay,
-        max_attempts=retry.max_attempts,
-        # LangGraph's jitter adds up to a second to every wait, whatever the policy.
-        jitter=False,
-        retry_on=retry.is_transient,
-    )
-
-
 def build_extraction_graph(
     *,
     checkpointer: BaseCheckpointSaver[Any] | None = None,
-    retry: RetryPolicy | None = None,
+    retry: CallRetry | None = None,
 ) -> CompiledStateGraph[
     ExtractionState, ExtractionSettings, ExtractionInput, ExtractionOutput
 ]:
@@ -1001,7 +979,7 @@ def build_extraction_graph(
         checkpointer: Makes runs resumable (e.g. `SqliteSaver`); None for none.
         retry: Backoff for transient model errors on the LLM nodes.
     """
-    node_retry = node_retry_policy(retry or RetryPolicy())
+    node_retry = (retry or CallRetry()).as_node_policy()
     builder = StateGraph(
         ExtractionState,
         context_schema=ExtractionSettings,

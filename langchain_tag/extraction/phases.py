@@ -8,7 +8,6 @@ The LangGraph nodes in `graph.py` only add the model call around these functions
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -17,7 +16,9 @@ from typing import Any, TypeVar
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from langchain_tag import prompts
+from langchain_tag._delimiters import escape_delimiters
+from langchain_tag._text import first_json_object
+from langchain_tag.extraction import prompts
 from langchain_tag.extraction.sectioning import Section
 from langchain_tag.extraction.verification import locate_span
 from langchain_tag.rules import NormativeType, PreferredAction, Relationship
@@ -154,28 +155,6 @@ class RelationRecord(_Record):
 
 # --- reading JSON out of model text ---------------------------------------------------
 
-_THINKING = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.DOTALL | re.IGNORECASE)
-_DECODER = json.JSONDecoder()
-
-
-def parse_json_object(text: str) -> dict[str, Any] | None:
-    """The first JSON object in `text` (code fences, think blocks allowed), or None."""
-    cleaned = _THINKING.sub("", text)
-    position = cleaned.find("{")
-    while position != -1:
-        value = _decode_at(cleaned, position)
-        if isinstance(value, dict):
-            return value
-        position = cleaned.find("{", position + 1)
-    return None
-
-
-def _decode_at(text: str, position: int) -> object:
-    try:
-        return _DECODER.raw_decode(text, position)[0]
-    except ValueError:
-        return None
-
 
 def readable(text: str, key: str) -> bool:
     """Whether `text` holds a JSON object with a list under `key`, as asked for.
@@ -183,7 +162,7 @@ def readable(text: str, key: str) -> bool:
     An answer that does not (empty, cut off, a refusal, another shape) counts as
     `malformed_json` or `missing_<key>_list`; see `unreadable_problem`.
     """
-    obj = parse_json_object(text)
+    obj = first_json_object(text)
     return obj is not None and isinstance(obj.get(key), list)
 
 
@@ -198,7 +177,7 @@ def read_items(
     text: str, key: str, model: type[_Item], tally: Counter[str]
 ) -> list[Any]:
     """Validate the list under `key` item by item; count every problem in `tally`."""
-    obj = parse_json_object(text)
+    obj = first_json_object(text)
     if obj is None:
         tally["malformed_json"] += 1
         return []
@@ -246,7 +225,7 @@ def span_messages(section: Section, domain: str) -> list[BaseMessage]:
     return _messages(
         prompts.SPAN_DETECTION_SYSTEM,
         prompts.SPAN_DETECTION_USER.format(
-            heading=heading, section=prompts.escape_delimiters(section.text)
+            heading=heading, section=escape_delimiters(section.text)
         ),
         domain,
     )
@@ -316,7 +295,7 @@ def atomic_messages(spans: Sequence[SpanRecord], domain: str) -> list[BaseMessag
     listing = "\n".join(f"{_local(s.span_id)}: {s.text}" for s in spans)
     return _messages(
         prompts.DECOMPOSITION_SYSTEM,
-        prompts.DECOMPOSITION_USER.format(spans=prompts.escape_delimiters(listing)),
+        prompts.DECOMPOSITION_USER.format(spans=escape_delimiters(listing)),
         domain,
     )
 
@@ -375,9 +354,7 @@ def rule_messages(atomics: Sequence[AtomicRecord], domain: str) -> list[BaseMess
     )
     return _messages(
         prompts.OPERATIONALISATION_SYSTEM,
-        prompts.OPERATIONALISATION_USER.format(
-            units=prompts.escape_delimiters(listing)
-        ),
+        prompts.OPERATIONALISATION_USER.format(units=escape_delimiters(listing)),
         domain,
     )
 
@@ -447,7 +424,7 @@ def relation_messages(rules: Sequence[DraftRule], domain: str) -> list[BaseMessa
     )
     return _messages(
         prompts.RELATIONS_SYSTEM,
-        prompts.RELATIONS_USER.format(rules=prompts.escape_delimiters(listing)),
+        prompts.RELATIONS_USER.format(rules=escape_delimiters(listing)),
         domain,
     )
 

@@ -22,7 +22,7 @@ from chromadb.config import Settings
 
 from langchain_tag import Rulebook, TAGRetriever
 from langchain_tag._processes import free_port
-from langchain_tag.store import RuleStore, SyncReport
+from langchain_tag.matching.store import RuleStore, SyncReport
 from langchain_tag.testing import HashingFakeEmbeddings, RuleAwareFakeChatModel
 from tests.integration_tests.servers import running_server
 

@@ -26,11 +26,9 @@ from langchain_core.outputs import LLMResult
 from langchain_tag import (
     ApplicabilityJudge,
     JudgmentError,
-    RetryPolicy,
     Rule,
     Rulebook,
     TAGRetriever,
-    UnreliableMatchWarning,
     Verdict,
 )
 from langchain_tag.local_model import (
@@ -39,6 +37,8 @@ from langchain_tag.local_model import (
     LocalServerError,
     local_chat_model,
 )
+from langchain_tag.matching import UnreliableMatchWarning
+from langchain_tag.models import CallRetry
 from tests.integration_tests.servers import LOCAL_MODEL_PACKAGES, skip_unless_installed
 
 skip_unless_installed(LOCAL_MODEL_PACKAGES)
@@ -46,7 +46,7 @@ skip_unless_installed(LOCAL_MODEL_PACKAGES)
 pytestmark = pytest.mark.server
 
 SNIPPET = "from os import *\n\nif x == None:\n    pass\n"
-FAST_RETRY = RetryPolicy(max_attempts=2, initial_delay=0.01, jitter=0.0)
+FAST_RETRY = CallRetry(max_attempts=2, initial_delay=0.01, jitter=0.0)
 
 
 class Recorder(BaseCallbackHandler):

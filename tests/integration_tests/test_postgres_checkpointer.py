@@ -36,9 +36,9 @@ from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from psycopg.conninfo import conninfo_to_dict
 
-from langchain_tag import Rulebook, prompts
-from langchain_tag.extraction import aextract_rules, extract_rules
-from langchain_tag.matching import RetryPolicy
+from langchain_tag import Rulebook
+from langchain_tag.extraction import aextract_rules, extract_rules, prompts
+from langchain_tag.models import CallRetry
 from langchain_tag.query_graph import QueryContext, build_query_graph
 from langchain_tag.testing import (
     ExtractionFakeChatModel,
@@ -101,7 +101,7 @@ Raised exceptions must derive from `Exception`, never from `BaseException`.
 """
 """Cut into five sections (`max_section_tokens=60`), so phase 1 fans out and the
 outage can stop it half done."""
-FAST_RETRY = RetryPolicy(max_attempts=2, initial_delay=0.01, max_delay=0.02)
+FAST_RETRY = CallRetry(max_attempts=2, initial_delay=0.01, max_delay=0.02)
 
 
 # --- the database ---------------------------------------------------------------------

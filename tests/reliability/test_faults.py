@@ -30,17 +30,17 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langchain_tag import (
     ApplicabilityJudge,
     JudgmentError,
-    QueryContext,
-    RetryPolicy,
     Rulebook,
     TAGRetriever,
-    UnreliableMatchWarning,
     Verdict,
     build_query_graph,
     cli,
 )
 from langchain_tag.extraction import ExtractionReport, extract_rules
 from langchain_tag.extraction.phases import unreadable_problem
+from langchain_tag.matching import UnreliableMatchWarning
+from langchain_tag.models import CallRetry
+from langchain_tag.query_graph import QueryContext
 from langchain_tag.testing import (
     ExtractionFakeChatModel,
     FaultSchedule,
@@ -50,7 +50,7 @@ from langchain_tag.testing import (
 )
 from tests.reliability.report import FaultRow, ReliabilityReport
 
-POLICY = RetryPolicy()
+POLICY = CallRetry()
 """The default policy: 4 attempts, waits of 1, 2, 4 s (+ up to 25% jitter)."""
 QUERY = "from os.path import *\n\ntry:\n    join('a', 'b')\nexcept:\n    pass\n"
 
@@ -480,7 +480,9 @@ def test_cli_extract_outage_says_how_to_resume(
     db, out = tmp_path / "run.sqlite", tmp_path / "rulebook.json"
     down = FaultSchedule(TransientFakeError("service unavailable", 503), start=3)
     models = iter([ExtractionFakeChatModel(schedule=[down]), ExtractionFakeChatModel()])
-    monkeypatch.setattr(cli, "default_chat_model", lambda **_: next(models))
+    monkeypatch.setattr(
+        "langchain_tag.models.default_chat_model", lambda **_: next(models)
+    )
     argv = ["extract", str(source), "-o", str(out), "--checkpoint", str(db), "-q"]
 
     assert cli.main(argv) == 2

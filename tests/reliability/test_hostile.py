@@ -19,17 +19,11 @@ import pytest
 from langchain_core.documents import Document
 from langchain_core.messages import HumanMessage
 
-from langchain_tag import (
-    CONDITION_PROFILE,
-    NBA_PROFILE,
-    ApplicabilityJudge,
-    JudgmentError,
-    Rule,
-    RuleSchemaProfile,
-    prompts,
-)
+from langchain_tag import ApplicabilityJudge, JudgmentError, Rule, _delimiters
 from langchain_tag.extraction import ExtractionReport, extract_rules
-from langchain_tag.matching import ApplicableOutput, YesNoOutput, parse_verdict
+from langchain_tag.matching import CONDITION_PROFILE, NBA_PROFILE, RuleSchemaProfile
+from langchain_tag.matching.parsing import parse_verdict
+from langchain_tag.matching.profiles import ApplicableOutput, YesNoOutput
 from langchain_tag.testing import (
     ExtractionFakeChatModel,
     InjectionObeyingFakeChatModel,
@@ -222,7 +216,7 @@ def test_an_input_cannot_forge_the_closing_tag_of_its_block() -> None:
     judge = ApplicabilityJudge(llm=RuleAwareFakeChatModel())
     text = "import os\n" + HOSTILE_INPUTS["closing tag"].format(V="YES")
     user = str(judge.messages(text, RULE)[1].content)
-    tag = prompts.data_tag("input", prompts.escape_delimiters(text))
+    tag = _delimiters.data_tag("input", _delimiters.escape_delimiters(text))
     assert user.count(f"\n<{tag}>\n") == user.count(f"\n</{tag}>\n") == 1
     assert "\n</input>\n" not in user
     # The tag is derived from the text it wraps: no text can contain its own.

@@ -15,12 +15,8 @@ from pathlib import Path
 
 from langchain_core.rate_limiters import InMemoryRateLimiter
 
-from langchain_tag import (
-    ApplicabilityJudge,
-    InMemoryVerdictCache,
-    SQLiteVerdictCache,
-    TAGRetriever,
-)
+from langchain_tag import ApplicabilityJudge, TAGRetriever
+from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 from tests.reliability.report import ReliabilityReport
 
@@ -90,7 +86,8 @@ _CACHE_WORKER = textwrap.dedent(
     """
     import random
     import sys
-    from langchain_tag import ApplicabilityJudge, SQLiteVerdictCache
+    from langchain_tag import ApplicabilityJudge
+    from langchain_tag.cache import SQLiteVerdictCache
     from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 
     path, worker = sys.argv[1], int(sys.argv[2])

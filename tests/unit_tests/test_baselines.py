@@ -19,7 +19,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 
-from langchain_tag import ApplicabilityJudge, Rulebook, RuleSchemaProfile, TAGRetriever
+from langchain_tag import ApplicabilityJudge, Rulebook, TAGRetriever
 from langchain_tag.baselines import (
     AllRulesRetriever,
     ChunkApplicabilityRetriever,
@@ -32,9 +32,14 @@ from langchain_tag.baselines import (
     llm_chain_filter_retriever,
     split_into_chunks,
 )
-from langchain_tag.matching import YesNoOutput
-from langchain_tag.prompts import JUDGE_QUESTION, RELEVANCE_QUESTION, RELEVANCE_SYSTEM
-from langchain_tag.retriever import reassemble_chunks
+from langchain_tag.matching import RuleSchemaProfile
+from langchain_tag.matching.profiles import YesNoOutput
+from langchain_tag.matching.prompts import (
+    JUDGE_QUESTION,
+    RELEVANCE_QUESTION,
+    RELEVANCE_SYSTEM,
+)
+from langchain_tag.retrievers import reassemble_chunks
 from langchain_tag.testing import HashingFakeEmbeddings, RuleAwareFakeChatModel
 
 PEP8 = Path("pep8") / "pep-0008.rst"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from langchain_tag import InMemoryVerdictCache, SQLiteVerdictCache
+from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache
 
 
 def test_in_memory_cache_evicts_least_recently_used() -> None:
@@ -67,7 +67,7 @@ def test_sqlite_cache_from_several_processes(tmp_path: Path) -> None:
     writer = textwrap.dedent(
         """
         import sys
-        from langchain_tag import SQLiteVerdictCache
+        from langchain_tag.cache import SQLiteVerdictCache
         cache = SQLiteVerdictCache(sys.argv[1])
         for i in range(100):
             cache.update(f"{sys.argv[2]}-{i}", str(i))

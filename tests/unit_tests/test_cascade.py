@@ -17,10 +17,9 @@ from langchain_tag import (
     JudgmentError,
     Rulebook,
     TAGRetriever,
-    UnreliableMatchWarning,
     Verdict,
 )
-from langchain_tag.cascade import CascadeJudge, CascadeStats
+from langchain_tag.matching import CascadeJudge, CascadeStats, UnreliableMatchWarning
 from langchain_tag.query_graph import QueryContext, build_query_graph
 from langchain_tag.testing import NoisyJudgeFakeChatModel, RuleAwareFakeChatModel
 
@@ -332,8 +331,8 @@ def test_the_stages_own_the_single_judge_options() -> None:
     with pytest.raises(ValueError, match="takes no logprobs, on_error: set them"):
         CascadeJudge(cheap=cheap, strong=strong, on_error="raise", logprobs=True)
     judge = CascadeJudge(cheap=cheap, strong=strong)
-    assert judge.llm is strong.llm
-    assert judge.cache is None
+    assert judge.final_llm is strong.llm  # the executor's default model
+    assert "cache" not in CascadeJudge.model_fields  # each stage caches its own
 
 
 def test_a_cheap_judge_without_scores_needs_unscored_final() -> None:

@@ -20,7 +20,7 @@ def fake_model(monkeypatch: pytest.MonkeyPatch) -> None:
     def model(**kwargs: Any) -> RuleAwareFakeChatModel:
         return RuleAwareFakeChatModel(logprobs=True, confidence=0.75)
 
-    monkeypatch.setattr(cli, "default_chat_model", model)
+    monkeypatch.setattr("langchain_tag.models.default_chat_model", model)
 
 
 def test_run_prints_matches_answer_and_cost(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,8 +11,10 @@ import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_openai import ChatOpenAI
 
-from langchain_tag import ApplicabilityJudge, Rulebook, cli, demo, local_model
-from langchain_tag.store import RuleStore
+from langchain_tag import ApplicabilityJudge, Rulebook, cli, local_model
+from langchain_tag import demo
+from langchain_tag.cli import demo as cli_demo
+from langchain_tag.matching.store import RuleStore
 from langchain_tag.testing import (
     HashingFakeEmbeddings,
     JudgeAndExtractorFakeChatModel,
@@ -202,7 +204,7 @@ def test_an_interrupt_stops_the_local_server_first() -> None:
     before = signal.getsignal(signal.SIGINT)
     with (
         pytest.raises(KeyboardInterrupt),
-        demo._interrupts_stop(lambda: stopped.append(True)),
+        cli_demo._interrupts_stop(lambda: stopped.append(True)),
     ):
         signal.raise_signal(signal.SIGINT)
     assert stopped == [True]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from langchain_tag import Rule, SourceSpan
+from langchain_tag import Rule
 from langchain_tag.data import DATA_DIR_ENV
 from langchain_tag.evaluation import (
     DataNotFoundError,
@@ -27,6 +27,7 @@ from langchain_tag.evaluation import (
     run_check,
 )
 from langchain_tag.extraction import extract_rules
+from langchain_tag.rules import SourceSpan
 from langchain_tag.testing import ExtractionFakeChatModel
 
 requires_data = pytest.mark.requires_data

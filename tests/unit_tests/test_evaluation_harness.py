@@ -29,7 +29,7 @@ from langchain_tag.evaluation.datasets import (
 )
 from langchain_tag.evaluation.diagnostic import MismatchReport
 from langchain_tag.evaluation.harness import EvalResult
-from langchain_tag.retriever import rule_document
+from langchain_tag.retrievers import rule_document
 from langchain_tag.testing import HashingFakeEmbeddings, RuleAwareFakeChatModel
 
 ASSUMPTIONS = {

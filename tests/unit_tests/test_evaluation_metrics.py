@@ -16,7 +16,7 @@ from langchain_tag.evaluation import (
     roc_auc,
     selection_scores,
 )
-from langchain_tag.prefilter import BM25Scorer, rank_by_score
+from langchain_tag.matching.prefilters import BM25Scorer, rank_by_score
 
 # --- rule selection -----------------------------------------------------------------
 

@@ -10,15 +10,9 @@ import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.outputs import LLMResult
 
-from langchain_tag import (
-    NBA_PROFILE,
-    ApplicabilityJudge,
-    JudgmentError,
-    Rulebook,
-    TAGRetriever,
-    UnreliableMatchWarning,
-)
+from langchain_tag import ApplicabilityJudge, JudgmentError, Rulebook, TAGRetriever
 from langchain_tag.evaluation import OracleChatModel, OracleError, oracle_judge
+from langchain_tag.matching import NBA_PROFILE, UnreliableMatchWarning
 from langchain_tag.query_graph import QueryContext, build_query_graph
 from langchain_tag.testing import RuleAwareFakeChatModel
 

@@ -28,16 +28,18 @@ from langchain_tag.execution import (
     NBA_TEMPLATE,
     NPOV_TEMPLATE,
     ActionOnlyExecutor,
-    CodeOutputParser,
     ExecutionTemplate,
     NBAVerdict,
-    NBAVerdictOutputParser,
-    NPOVOutputParser,
     NPOVResult,
-    TextResultParser,
     format_actions,
 )
-from langchain_tag.prompts import NO_GUIDANCE
+from langchain_tag.execution.prompts import NO_GUIDANCE
+from langchain_tag.execution.templates import (
+    CodeOutputParser,
+    NBAVerdictOutputParser,
+    NPOVOutputParser,
+    TextResultParser,
+)
 from langchain_tag.rules import Rule, RuleLineage, SourceSpan
 from langchain_tag.testing import RuleAwareFakeChatModel
 

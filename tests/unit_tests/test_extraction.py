@@ -30,18 +30,20 @@ from typing import Any
 import pytest
 from langchain_core.documents import Document
 
-from langchain_tag import cli, prompts
+from langchain_tag import cli
 from langchain_tag.cache import SQLiteVerdictCache
 from langchain_tag.extraction import (
     ExtractionReport,
     aextract_rules,
     extract_rules,
+    prompts,
 )
 from langchain_tag.extraction.graph import shared_tag_pairs, tag_groups
 from langchain_tag.extraction.phases import DraftRule
 from langchain_tag.extraction.sectioning import Section, detect_format, split_sections
-from langchain_tag.matching import ApplicabilityJudge, RetryPolicy
-from langchain_tag.retriever import TAGRetriever, reassemble_chunks
+from langchain_tag.matching import ApplicabilityJudge
+from langchain_tag.models import CallRetry
+from langchain_tag.retrievers import TAGRetriever, reassemble_chunks
 from langchain_tag.rules import Rule, Rulebook
 from langchain_tag.testing import (
     ExtractionFakeChatModel,
@@ -1021,7 +1023,7 @@ def test_skip_phases_outside_one_to_five_are_refused() -> None:
 
 # --- errors, retries, resuming --------------------------------------------------------
 
-FAST_RETRY = RetryPolicy(initial_delay=0.01, max_delay=0.02)
+FAST_RETRY = CallRetry(initial_delay=0.01, max_delay=0.02)
 
 
 @pytest.mark.parametrize("phase", ["spans", "atomics", "rules", "relations"])
@@ -1052,7 +1054,7 @@ def test_transient_errors_past_max_attempts_are_raised() -> None:
             llm=fake,
             checkpoint=None,
             max_concurrency=1,
-            retry=RetryPolicy(max_attempts=2, initial_delay=0.01, max_delay=0.02),
+            retry=CallRetry(max_attempts=2, initial_delay=0.01, max_delay=0.02),
         )
     # The same request, twice; then the error ends the run.
     assert Counter(fake.prompts)[fake.prompts[0]] == 2
@@ -1311,7 +1313,7 @@ def cli_models(monkeypatch: pytest.MonkeyPatch) -> list[ExtractionFakeChatModel]
         made.append(ExtractionFakeChatModel())
         return made[-1]
 
-    monkeypatch.setattr("langchain_tag.cli.default_chat_model", factory)
+    monkeypatch.setattr("langchain_tag.models.default_chat_model", factory)
     return made
 
 
@@ -1663,7 +1665,7 @@ def test_retry_waits_are_bounded_by_the_policy(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(random, "uniform", lambda low, high: high)  # worst-case jitter
     fake = ExtractionFakeChatModel(faults={"spans": [TransientFakeError()]})
     started = time.perf_counter()
-    run([doc], fake, retry=RetryPolicy(initial_delay=0.01, max_delay=0.02, jitter=0.0))
+    run([doc], fake, retry=CallRetry(initial_delay=0.01, max_delay=0.02, jitter=0.0))
     elapsed = time.perf_counter() - started
     require(fake.calls == 20, f"{fake.calls} calls")
     assert elapsed < 0.5  # one wait of at most 0.02 s

@@ -1,70 +1,315 @@
-"""The public API is small and deliberate."""
+"""The public API is small and deliberate, and the layers import downwards only."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 import langchain_tag
 
-EXPECTED_ALL = [
-    "ActionOnlyExecutor",
-    "AllRulesRetriever",
-    "ApplicabilityJudge",
-    "BM25Scorer",
-    "CascadeJudge",
-    "CascadeStats",
-    "ChunkApplicabilityRetriever",
-    "ChunkRetriever",
-    "CODE_TEMPLATE",
-    "CONDITION_PROFILE",
-    "DenseScorer",
-    "ExecutionTemplate",
-    "ExtractionReport",
-    "GENERIC_TEMPLATE",
-    "HybridScorer",
-    "InMemoryVerdictCache",
-    "JudgmentError",
-    "MatchResult",
-    "ModelNotConfiguredError",
-    "NBAVerdict",
-    "NBA_PROFILE",
-    "NBA_TEMPLATE",
-    "NPOVResult",
-    "NPOV_TEMPLATE",
-    "NoRetrieval",
-    "QueryContext",
-    "RelevanceReranker",
-    "RetryPolicy",
-    "Rule",
-    "RuleLineage",
-    "RuleRelation",
-    "RuleSchemaProfile",
-    "RuleSimilarityRetriever",
-    "RuleStore",
-    "Rulebook",
-    "RulebookError",
-    "SQLiteVerdictCache",
-    "SimilarityPrefilter",
-    "SimilarityScorer",
-    "SourceDocument",
-    "SourceSpan",
-    "SyncReport",
-    "TAGRetriever",
-    "UnreliableMatchWarning",
-    "Verdict",
-    "VerdictCache",
-    "__version__",
-    "aextract_rules",
-    "build_extraction_graph",
-    "build_prefilter",
-    "build_query_graph",
-    "chunk_retriever",
-    "constraint_profile",
-    "default_chat_model",
-    "extract_rules",
-    "format_actions",
-    "llm_chain_filter_retriever",
-    "split_into_chunks",
-]
+PACKAGE = Path(langchain_tag.__file__).parent
+
+EXPECTED_ALL = {
+    "langchain_tag": [
+        "ActionOnlyExecutor",
+        "ApplicabilityJudge",
+        "CascadeJudge",
+        "JudgmentError",
+        "MatchResult",
+        "ModelNotConfiguredError",
+        "Rule",
+        "Rulebook",
+        "RulebookError",
+        "TAGRetriever",
+        "Verdict",
+        "__version__",
+        "aextract_rules",
+        "build_extraction_graph",
+        "build_query_graph",
+        "extract_rules",
+    ],
+    "langchain_tag.rules": [
+        "FORMAT_VERSION",
+        "NormativeType",
+        "PreferredAction",
+        "Relationship",
+        "Rule",
+        "RuleLineage",
+        "RuleRelation",
+        "Rulebook",
+        "RulebookError",
+        "SourceDocument",
+        "SourceSpan",
+    ],
+    "langchain_tag.models": [
+        "CallRetry",
+        "ConfiguredModel",
+        "ModelNotConfiguredError",
+        "configured_model",
+        "default_chat_model",
+        "model_identity",
+        "with_settings",
+    ],
+    "langchain_tag.cache": ["InMemoryVerdictCache", "SQLiteVerdictCache", "VerdictCache"],
+    "langchain_tag.extraction": [
+        "DEFAULT_CHECKPOINT",
+        "ExtractionInput",
+        "ExtractionReport",
+        "ExtractionSettings",
+        "PhaseReport",
+        "aextract_rules",
+        "build_extraction_graph",
+        "extract_rules",
+        "run_id_for",
+    ],
+    "langchain_tag.matching": [
+        "CONDITION_PROFILE",
+        "NBA_PROFILE",
+        "ApplicabilityJudge",
+        "BaseJudge",
+        "CascadeJudge",
+        "CascadeStats",
+        "JudgmentError",
+        "RuleSchemaProfile",
+        "UnreliableMatchWarning",
+        "Verdict",
+        "constraint_profile",
+    ],
+    "langchain_tag.matching.prefilters": [
+        "BM25Scorer",
+        "DenseScorer",
+        "HybridScorer",
+        "RuleStoreScorer",
+        "SimilarityPrefilter",
+        "SimilarityScorer",
+        "build_prefilter",
+        "rank_by_score",
+        "rule_items",
+        "rule_text",
+        "tokenize",
+    ],
+    "langchain_tag.matching.store": [
+        "DEFAULT_PERSIST_DIRECTORY",
+        "RuleStore",
+        "SyncReport",
+        "rule_metadata",
+        "sync_documents",
+    ],
+    "langchain_tag.execution": [
+        "CODE_TEMPLATE",
+        "GENERIC_TEMPLATE",
+        "NBA_TEMPLATE",
+        "NPOV_TEMPLATE",
+        "ActionOnlyExecutor",
+        "ExecutionTemplate",
+        "NBAVerdict",
+        "NPOVResult",
+        "format_actions",
+    ],
+    "langchain_tag.retrievers": [
+        "MATCH_EVENT",
+        "MatchResult",
+        "RuleFilter",
+        "TAGRetriever",
+        "reassemble_chunks",
+        "rule_document",
+        "rule_passes",
+    ],
+    "langchain_tag.query_graph": [
+        "Match",
+        "QueryContext",
+        "QueryInput",
+        "QueryOutput",
+        "build_query_graph",
+    ],
+    "langchain_tag.baselines": [
+        "CHUNK_INDEX_HNSW",
+        "RELEVANCE_PROFILE",
+        "AllRulesRetriever",
+        "ChunkApplicabilityRetriever",
+        "ChunkRetriever",
+        "NoRetrieval",
+        "RelevanceJudge",
+        "RelevanceReranker",
+        "RuleSimilarityRetriever",
+        "chunk_retriever",
+        "llm_chain_filter_retriever",
+        "rule_similarity_text",
+        "split_into_chunks",
+    ],
+    "langchain_tag.testing": [
+        "ExtractionFakeChatModel",
+        "FakeOpenAIServer",
+        "Fault",
+        "FaultSchedule",
+        "HashingFakeEmbeddings",
+        "InjectionObeyingFakeChatModel",
+        "JudgeAndExtractorFakeChatModel",
+        "NoisyJudgeFakeChatModel",
+        "NotebookModel",
+        "OFFLINE_NOTE",
+        "RuleAwareFakeChatModel",
+        "ScriptedFakeChatModel",
+        "TransientFakeError",
+        "condition_holds",
+        "notebook_model",
+        "trigger_rulebook",
+    ],
+}
 
 
-def test_all_imports() -> None:
-    assert sorted(langchain_tag.__all__) == sorted(EXPECTED_ALL)
+@pytest.mark.parametrize("module_name", sorted(EXPECTED_ALL))
+def test_public_names_are_pinned(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    assert sorted(module.__all__) == sorted(EXPECTED_ALL[module_name])
+    missing = [name for name in module.__all__ if not hasattr(module, name)]
+    assert missing == []
+
+
+def test_the_top_level_is_small() -> None:
+    assert len(langchain_tag.__all__) <= 16
+
+
+def test_top_level_names_are_the_sub_packages_objects() -> None:
     for name in langchain_tag.__all__:
-        assert getattr(langchain_tag, name) is not None
+        if name == "__version__":
+            continue
+        source = langchain_tag._LAZY[name]
+        assert getattr(langchain_tag, name) is getattr(
+            importlib.import_module(source), name
+        )
+    with pytest.raises(AttributeError, match="no attribute 'RetryPolicy'"):
+        _ = langchain_tag.RetryPolicy  # type: ignore[attr-defined]
+
+
+def _runtime_modules() -> dict[str, ast.Module]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = ast.parse(path.read_text(encoding="utf-8"))
+    return modules
+
+
+def _imported(module: str, tree: ast.Module, *, top_level_only: bool) -> set[str]:
+    """The langchain_tag modules `module` imports (at import time, if asked)."""
+    found = set()
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            base = node.module
+            if base.startswith("langchain_tag"):
+                found.add(base)
+                # `from package import submodule` imports the submodule too.
+                found.update(f"{base}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(
+                alias.name
+                for alias in node.names
+                if alias.name.startswith("langchain_tag")
+            )
+    return found - {module}
+
+
+def test_runtime_code_never_imports_the_test_doubles() -> None:
+    modules = _runtime_modules()
+    offenders = [
+        name
+        for name, tree in modules.items()
+        if not name.startswith("langchain_tag.testing")
+        and any(
+            imported.startswith("langchain_tag.testing")
+            for imported in _imported(name, tree, top_level_only=False)
+        )
+    ]
+    assert offenders == []
+
+
+def test_no_import_cycles() -> None:
+    modules = _runtime_modules()
+    graph = {
+        name: {
+            imported
+            for imported in _imported(name, tree, top_level_only=True)
+            if imported in modules
+        }
+        for name, tree in modules.items()
+    }
+    # A package importing its own submodules to re-export them is not a cycle;
+    # a submodule importing its package's siblings through the package is
+    # counted as importing those siblings.
+    for name in graph:
+        graph[name] = {
+            dep
+            for dep in graph[name]
+            if not (dep.startswith(name + ".") and name in modules)
+        }
+    cycles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append([*path[path.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+HEAVY = ("langgraph", "langchain_tag.matching.judge", "chromadb", "langchain_openai")
+
+
+def _loaded_after(code: str) -> set[str]:
+    probe = (
+        f"import sys\n{code}\n"
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    done = subprocess.run(  # noqa: S603 - our own interpreter
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    return set(filter(None, done.stdout.strip().split(",")))
+
+
+def test_tag_help_loads_neither_langgraph_nor_the_judge() -> None:
+    code = (
+        "import argparse\n"
+        "from langchain_tag.cli import build_parser\n"
+        "parser = build_parser()\n"
+        "parser.format_help()\n"
+        "for action in parser._actions:\n"
+        "    if isinstance(action, argparse._SubParsersAction):\n"
+        "        for sub in action.choices.values():\n"
+        "            sub.format_help()"
+    )
+    assert _loaded_after(code) == set()
+
+
+def test_importing_the_package_or_the_rules_is_light() -> None:
+    assert _loaded_after("import langchain_tag, langchain_tag.rules") == set()
+
+
+def test_evaluation_does_not_load_the_test_doubles() -> None:
+    done = subprocess.run(  # noqa: S603 - our own interpreter
+        [
+            sys.executable,
+            "-c",
+            "import sys, langchain_tag.evaluation.harness\n"
+            "print('langchain_tag.testing' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "False"

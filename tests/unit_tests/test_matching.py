@@ -16,33 +16,23 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.runnables import Runnable, RunnableLambda
 from pydantic import ValidationError
 
-from langchain_tag import (
+from langchain_tag import ApplicabilityJudge, JudgmentError, Rule, Rulebook, Verdict
+from langchain_tag.cache import SQLiteVerdictCache
+from langchain_tag.matching import (
     CONDITION_PROFILE,
     NBA_PROFILE,
-    ApplicabilityJudge,
-    JudgmentError,
-    RetryPolicy,
-    Rule,
-    Rulebook,
     RuleSchemaProfile,
-    SQLiteVerdictCache,
     UnreliableMatchWarning,
-    Verdict,
     constraint_profile,
 )
-from langchain_tag._concurrency import ConcurrencyLimiter
-from langchain_tag.matching import (
-    YesNoOutput,
-    parse_verdict,
-    score_from_logprobs,
-)
-from langchain_tag.testing import (
-    RuleAwareFakeChatModel,
-    TransientFakeError,
-    judge_fields,
-)
+from langchain_tag.matching.limiter import ConcurrencyLimiter
+from langchain_tag.matching.parsing import parse_verdict, score_from_logprobs
+from langchain_tag.matching.profiles import YesNoOutput
+from langchain_tag.matching.prompts import read_judge_message
+from langchain_tag.models import CallRetry
+from langchain_tag.testing import RuleAwareFakeChatModel, TransientFakeError
 
-FAST_RETRY = RetryPolicy(initial_delay=0.001, max_delay=0.004, jitter=0.0)
+FAST_RETRY = CallRetry(initial_delay=0.001, max_delay=0.004, jitter=0.0)
 WILDCARD_CODE = "from os.path import *\n\nprint(join('a', 'b'))\n"
 
 
@@ -349,7 +339,7 @@ def test_transient_errors_are_retried_with_backoff() -> None:
     faults = [TransientFakeError(), rate_limited, TimeoutError(), disconnected]
     llm = RuleAwareFakeChatModel(faults={rule.rule_id: faults})
     judge = ApplicabilityJudge(
-        llm=llm, retry=RetryPolicy(max_attempts=5, initial_delay=0)
+        llm=llm, retry=CallRetry(max_attempts=5, initial_delay=0)
     )
     verdict = judge.invoke(("trigger-000", rule))
     assert verdict.applies
@@ -358,9 +348,9 @@ def test_transient_errors_are_retried_with_backoff() -> None:
 
 
 def test_backoff_grows_and_is_capped() -> None:
-    policy = RetryPolicy(initial_delay=1.0, backoff=2.0, max_delay=5.0, jitter=0.0)
+    policy = CallRetry(initial_delay=1.0, backoff=2.0, max_delay=5.0, jitter=0.0)
     assert [policy.delay(n) for n in range(1, 6)] == [1.0, 2.0, 4.0, 5.0, 5.0]
-    jittered = RetryPolicy(initial_delay=1.0, jitter=0.25)
+    jittered = CallRetry(initial_delay=1.0, jitter=0.25)
     assert all(1.0 <= jittered.delay(1) <= 1.25 for _ in range(50))
 
 
@@ -374,7 +364,7 @@ def test_exhausted_retries_raise_with_the_rule_and_cause() -> None:
     assert caught.value.rule_id == "R-000"
     # An outer retry (a LangGraph node's) may try a transient failure again.
     assert caught.value.transient
-    assert RetryPolicy().is_transient(caught.value)
+    assert CallRetry().is_transient(caught.value)
     assert llm.calls == 4
 
 
@@ -384,7 +374,7 @@ def test_permanent_errors_are_not_retried() -> None:
     with pytest.raises(JudgmentError, match="ValueError: bad request") as caught:
         ApplicabilityJudge(llm=llm, retry=FAST_RETRY).invoke(("x", rule))
     assert not caught.value.transient
-    assert not RetryPolicy().is_transient(caught.value)
+    assert not CallRetry().is_transient(caught.value)
     assert llm.calls == 1
 
 
@@ -437,7 +427,7 @@ async def test_raise_policy_stops_the_fan_out_at_the_first_failure(mode: str) ->
         faults={"R-000": [TransientFakeError()] * 3, "R-001": [ValueError("boom")]},
     )
     judge = ApplicabilityJudge(
-        llm=llm, cache=None, retry=RetryPolicy(initial_delay=0.2, jitter=0.0)
+        llm=llm, cache=None, retry=CallRetry(initial_delay=0.2, jitter=0.0)
     )
 
     async def fan_out() -> list[Verdict]:
@@ -451,7 +441,7 @@ async def test_raise_policy_stops_the_fan_out_at_the_first_failure(mode: str) ->
     judged = [
         parsed[1]["rule_id"]
         for prompt in llm.prompts
-        if (parsed := judge_fields(prompt)) is not None
+        if (parsed := read_judge_message(prompt)) is not None
     ]
     assert judged == ["R-000", "R-001"]
 

@@ -6,7 +6,8 @@ import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import SecretStr
 
-from langchain_tag import ModelNotConfiguredError, default_chat_model
+from langchain_tag import ModelNotConfiguredError
+from langchain_tag.models import default_chat_model
 
 ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "TAG_MODEL")
 

@@ -14,7 +14,7 @@ from langchain_core.embeddings import Embeddings
 
 from langchain_tag import Rule, Rulebook, TAGRetriever
 from langchain_tag.embeddings import LocalMiniLMEmbeddings
-from langchain_tag.prefilter import (
+from langchain_tag.matching.prefilters import (
     BM25Scorer,
     DenseScorer,
     HybridScorer,
@@ -26,7 +26,7 @@ from langchain_tag.prefilter import (
     rule_items,
     tokenize,
 )
-from langchain_tag.store import RuleStore, rule_text
+from langchain_tag.matching.store import RuleStore, rule_text
 from langchain_tag.testing import HashingFakeEmbeddings, RuleAwareFakeChatModel
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"

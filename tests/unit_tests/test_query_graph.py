@@ -27,28 +27,25 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 from pydantic import Field
 
-from langchain_tag import Rulebook, prompts, query_graph
-from langchain_tag.execution import GENERIC_TEMPLATE
+from langchain_tag import Rulebook, query_graph
+from langchain_tag._graph import coerce_context
+from langchain_tag.execution import GENERIC_TEMPLATE, prompts
 from langchain_tag.extraction import build_extraction_graph
-from langchain_tag.matching import (
-    RetryPolicy,
-    Verdict,
-    constraint_profile,
-)
-from langchain_tag.models import ModelNotConfiguredError, coerce_context
+from langchain_tag.matching import Verdict, constraint_profile
+from langchain_tag.matching.judge import select_applicable
+from langchain_tag.matching.prompts import read_judge_message
+from langchain_tag.models import CallRetry, ModelNotConfiguredError
 from langchain_tag.query_graph import (
     PROFILES,
     TEMPLATES,
     QueryContext,
     QueryInput,
     build_query_graph,
-    select,
 )
 from langchain_tag.testing import (
     JudgeAndExtractorFakeChatModel,
     RuleAwareFakeChatModel,
     TransientFakeError,
-    judge_fields,
 )
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -106,11 +103,11 @@ class CannedChatModel(BaseChatModel):
 
 
 def judge_prompts(model: RuleAwareFakeChatModel) -> list[str]:
-    return [p for p in model.prompts if judge_fields(p) is not None]
+    return [p for p in model.prompts if read_judge_message(p) is not None]
 
 
 def other_prompts(model: RuleAwareFakeChatModel) -> list[str]:
-    return [p for p in model.prompts if judge_fields(p) is None]
+    return [p for p in model.prompts if read_judge_message(p) is None]
 
 
 def ids(matches: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -730,7 +727,7 @@ def scored(rule_id: str, score: float | None, *, applies: bool = True) -> Verdic
 
 
 def test_select_orders_by_score_then_cuts_by_threshold_and_k() -> None:
-    rules = [{"rule_id": f"R-{n}"} for n in range(1, 6)]
+    order = [f"R-{n}" for n in range(1, 6)]
     verdicts = [
         scored("R-1", 0.6),
         scored("R-2", 0.95),
@@ -741,7 +738,8 @@ def test_select_orders_by_score_then_cuts_by_threshold_and_k() -> None:
     ]
 
     def chosen(k: int | None, threshold: float | None) -> list[str]:
-        return [v.rule_id for _, v in select(rules, verdicts, k, threshold)]
+        selected = select_applicable(verdicts, order, k=k, threshold=threshold)
+        return [v.rule_id for v in selected]
 
     assert chosen(None, None) == ["R-3", "R-2", "R-5", "R-1"]
     assert chosen(None, 0.9) == ["R-3", "R-2", "R-5"]
@@ -900,7 +898,7 @@ def test_unknown_profile_is_a_clear_error(
 
 # --- retries and the node cache -------------------------------------------------------
 
-TINY_RETRY = RetryPolicy(max_attempts=4, initial_delay=0.001, max_delay=0.01)
+TINY_RETRY = CallRetry(max_attempts=4, initial_delay=0.001, max_delay=0.01)
 
 
 def test_transient_judge_errors_are_retried(pep8_json: dict[str, Any]) -> None:

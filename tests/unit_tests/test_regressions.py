@@ -11,16 +11,10 @@ import pytest
 from langchain_core.messages import AIMessage
 from langchain_openai import ChatOpenAI
 
-from langchain_tag import (
-    CONDITION_PROFILE,
-    ApplicabilityJudge,
-    Rule,
-    Rulebook,
-    RuleSchemaProfile,
-    TAGRetriever,
-    prompts,
-)
-from langchain_tag.matching import YesNoOutput, parse_verdict, score_from_logprobs
+from langchain_tag import ApplicabilityJudge, Rule, Rulebook, TAGRetriever
+from langchain_tag.matching import CONDITION_PROFILE, RuleSchemaProfile, prompts
+from langchain_tag.matching.parsing import parse_verdict, score_from_logprobs
+from langchain_tag.matching.profiles import YesNoOutput
 from langchain_tag.testing import RuleAwareFakeChatModel
 
 # Two distinct rules with the same condition and different actions: normal in a

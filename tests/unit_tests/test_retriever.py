@@ -18,9 +18,9 @@ from langchain_tag import (
     ModelNotConfiguredError,
     Rulebook,
     TAGRetriever,
-    UnreliableMatchWarning,
 )
-from langchain_tag.retriever import MATCH_EVENT, rule_passes
+from langchain_tag.matching import UnreliableMatchWarning
+from langchain_tag.retrievers import MATCH_EVENT, rule_passes
 from langchain_tag.testing import RuleAwareFakeChatModel
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"

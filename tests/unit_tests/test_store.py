@@ -11,7 +11,7 @@ import pytest
 from chromadb.config import Settings
 
 from langchain_tag import Rulebook, TAGRetriever
-from langchain_tag.store import RuleStore, SyncReport
+from langchain_tag.matching.store import RuleStore, SyncReport
 from langchain_tag.testing import HashingFakeEmbeddings, RuleAwareFakeChatModel
 
 WILDCARD_QUERY = "The module starts with a wildcard import: from os.path import *"

@@ -27,7 +27,7 @@ import importlib.util
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
@@ -38,7 +38,9 @@ from pydantic import ConfigDict, Field
 from rank_bm25 import BM25Okapi  # type: ignore[import-untyped]
 
 from langchain_tag.rules import Rule, Rulebook
-from langchain_tag.store import RuleStore, rule_text
+
+if TYPE_CHECKING:
+    from langchain_tag.matching.store import RuleStore
 
 __all__ = [
     "BM25Scorer",
@@ -50,6 +52,7 @@ __all__ = [
     "build_prefilter",
     "rank_by_score",
     "rule_items",
+    "rule_text",
     "tokenize",
 ]
 
@@ -82,10 +85,25 @@ def tokenize(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
+def rule_text(rule: Rule) -> str:
+    """The text embedded for a rule: what a similarity prefilter compares an input to.
+
+    The judge decides from name and condition (never the action), so those are what
+    an input should resemble; tags add the category vocabulary.
+    """
+    lines = [rule.name, rule.condition]
+    # Profiles such as the NBA matcher judge from `applies_when` as well.
+    if rule.applies_when:
+        lines.append(rule.applies_when)
+    if rule.tags:
+        lines.append("Tags: " + ", ".join(rule.tags))
+    return "\n".join(lines)
+
+
 def rule_items(rules: Rulebook | Sequence[Rule]) -> list[Item]:
     """`(rule_id, text)` for each rule, the text being what the judge reads.
 
-    The text is `langchain_tag.store.rule_text`: name, condition, `applies_when` and
+    The text is `rule_text`: name, condition, `applies_when` and
     tags, never the action (an input should resemble a rule's condition, not what
     the rule tells the executor to do).
     """

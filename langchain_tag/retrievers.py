@@ -28,10 +28,25 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from langchain_tag._concurrency import ConcurrencyLimiter
-from langchain_tag.matching import ApplicabilityJudge, Verdict
+from langchain_tag.matching.judge import (
+    ApplicabilityJudge,
+    BaseJudge,
+    Verdict,
+    select_applicable,
+)
+from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.models import default_chat_model
 from langchain_tag.rules import Rule, Rulebook
+
+__all__ = [
+    "MATCH_EVENT",
+    "MatchResult",
+    "RuleFilter",
+    "TAGRetriever",
+    "reassemble_chunks",
+    "rule_document",
+    "rule_passes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +162,7 @@ class TAGRetriever(BaseRetriever):
     llm: BaseChatModel | None = Field(default=None, exclude=True)
     """The judging chat model, when no `judge` is given (default: from the
     environment, see `default_chat_model`)."""
-    judge: ApplicabilityJudge = Field(default_factory=_judge_from_llm)
+    judge: BaseJudge = Field(default_factory=_judge_from_llm)
     """Judges each (query, rule) pair; built from `llm` when not given."""
     k: int | None = Field(default=None, ge=0)
     """Return at most this many rules; None returns every applicable rule."""
@@ -355,12 +370,9 @@ class TAGRetriever(BaseRetriever):
         threshold = kwargs.get("score_threshold", self.score_threshold)
         rules = {rule.rule_id: rule for rule in candidates}
         applicable = [v for v in verdicts if v.applies]
-        kept = [
-            v for v in applicable if threshold is None or _relevance(v) >= threshold
-        ]
-        kept.sort(key=lambda v: (-_relevance(v), self.rulebook.position(v.rule_id)))
-        if k is not None:
-            kept = kept[:k]
+        kept = select_applicable(
+            verdicts, [rule.rule_id for rule in candidates], k=k, threshold=threshold
+        )
         documents = [_to_document(rules[v.rule_id], v) for v in kept]
         failed = [v.rule_id for v in verdicts if v.failed]
         reason = None
@@ -428,10 +440,6 @@ def reassemble_chunks(chunks: Sequence[Document]) -> list[Document]:
     return documents + loose
 
 
-def _relevance(verdict: Verdict) -> float:
-    return 1.0 if verdict.score is None else verdict.score
-
-
 def rule_document(rule: Rule, **extra: Any) -> Document:
     """The `Document` every rule-level retriever returns for a rule.
 
@@ -460,7 +468,7 @@ def rule_document(rule: Rule, **extra: Any) -> Document:
 def _to_document(rule: Rule, verdict: Verdict) -> Document:
     return rule_document(
         rule,
-        relevance_score=_relevance(verdict),
+        relevance_score=verdict.relevance,
         score=verdict.score,
         reason=verdict.reason,
         cached=verdict.cached,

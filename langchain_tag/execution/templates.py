@@ -1,54 +1,41 @@
-"""Stage 3: action-only execution.
+"""What the executor is asked and how its answer is read: `ExecutionTemplate`.
 
-The executor carries out the task on the input with the matched rules' actions as its
-only guidance (principle P3): the prompt holds the input and one `[rule_id] action`
-line per rule, never a rule's name, condition, source text or tags. What the task
-asks and what the answer looks like is an `ExecutionTemplate`; four are built in:
+Four templates are built in:
 
 - `GENERIC_TEMPLATE`: apply the actions to the input, return the result only.
 - `NPOV_TEMPLATE`: the paper's neutral-point-of-view rewrite, parsed to `NPOVResult`.
 - `CODE_TEMPLATE`: HumanEval + PEP 8, parsed to the code of the complete function.
 - `NBA_TEMPLATE`: RuleArena NBA legality, parsed to `NBAVerdict`.
 
-Rule mode and chunk mode differ only in the reference material slot: a `Document`
-without `metadata["rule_id"]` (a passage from a similarity retriever) is listed as a
-numbered passage, `[P1] passage text`, in the slot where rules' actions would go, and
-the prompts are otherwise the same. So the executor also runs the RAG baselines.
+`format_actions` fills the guidance slot: one `[rule_id] action` line per rule, or a
+numbered passage, `[P1] passage text`, for a document without `metadata["rule_id"]`
+(chunk mode, so the same prompts also run the RAG baselines).
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Any
 
-from langchain_core.callbacks import (
-    AsyncCallbackManagerForChainRun,
-    CallbackManagerForChainRun,
-)
 from langchain_core.documents import Document
 from langchain_core.exceptions import OutputParserException
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.output_parsers import BaseOutputParser
-from langchain_core.runnables import RunnableConfig, RunnableSerializable
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     PlainValidator,
-    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
 )
-from typing_extensions import TypedDict
 
-from langchain_tag import prompts
-from langchain_tag.models import with_settings
+from langchain_tag._text import first_json_object, strip_thinking
+from langchain_tag.execution import prompts
 from langchain_tag.rules import Rule
 
 _SNIPPET_CHARS = 200
@@ -68,14 +55,6 @@ def _malformed(expected: str, problem: str, text: str) -> OutputParserException:
         f"The answer began: {_snippet(text)}",
         llm_output=text,
     )
-
-
-_REASONING = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL | re.IGNORECASE)
-
-
-def _without_reasoning(text: str) -> str:
-    """Drop a leading `<think>...</think>` block, as reasoning models emit."""
-    return _REASONING.sub("", text, count=1)
 
 
 # --- Reference material ---------------------------------------------------------------
@@ -136,7 +115,7 @@ class TextResultParser(BaseOutputParser[str]):
         Raises:
             OutputParserException: The answer is empty.
         """
-        result = _without_reasoning(text).strip()
+        result = strip_thinking(text).strip()
         if not result:
             expected, problem = "the result text", "the answer is empty"
             raise _malformed(expected, problem, text)
@@ -186,7 +165,7 @@ class NPOVOutputParser(BaseOutputParser[NPOVResult]):
             OutputParserException: A label is missing or out of order, the ids are
                 missing or mix NONE with ids, or the rewrite is empty.
         """
-        cleaned = _strip_fences(_without_reasoning(text))
+        cleaned = _strip_fences(strip_thinking(text))
         expected = (
             "three lines 'Applied rules: <ids|NONE>', 'Reasoning: ...', 'Rewrite: ...'"
         )
@@ -270,7 +249,7 @@ class CodeOutputParser(BaseOutputParser[str]):
                 (the message gives the line and the error), or it defines no function.
         """
         expected = "only the Python code of the complete function"
-        code = _strip_fences(_without_reasoning(text)).strip("\n")
+        code = _strip_fences(strip_thinking(text)).strip("\n")
         if not code.strip():
             raise _malformed(expected, "the answer contains no code", text)
         try:
@@ -396,7 +375,7 @@ class NBAVerdictOutputParser(BaseOutputParser[NBAVerdict]):
             'one JSON object {"answer": true|false, "illegal_operation": ..., '
             '"problematic_team": ..., "rationale": ...}'
         )
-        data = _first_json_object(_without_reasoning(text), "answer")
+        data = first_json_object(strip_thinking(text), "answer")
         if data is None:
             problem = 'no JSON object with an "answer" key was found'
             raise _malformed(expected, problem, text)
@@ -417,21 +396,6 @@ class NBAVerdictOutputParser(BaseOutputParser[NBAVerdict]):
     @property
     def _type(self) -> str:
         return "tag_nba_verdict"
-
-
-def _first_json_object(text: str, key: str) -> dict[str, Any] | None:
-    """The first JSON object in `text` that has `key`, wherever it starts."""
-    decoder = json.JSONDecoder()
-    start = text.find("{")
-    while start != -1:
-        try:
-            value, _ = decoder.raw_decode(text, start)
-        except ValueError:
-            value = None
-        if isinstance(value, dict) and key in value:
-            return value
-        start = text.find("{", start + 1)
-    return None
 
 
 # --- Templates ------------------------------------------------------------------------
@@ -524,116 +488,3 @@ NBA_TEMPLATE = ExecutionTemplate(
     output_parser=NBAVerdictOutputParser(),
 )
 """RuleArena NBA legality; parses to `NBAVerdict` (see `NBAVerdict.answer_line`)."""
-
-
-# --- The executor ---------------------------------------------------------------------
-
-
-class ExecutionInput(TypedDict):
-    """The executor's input: the task input and the matched rules."""
-
-    input: str
-    rules: Sequence[Document | Rule]
-
-
-class ActionOnlyExecutor(RunnableSerializable[ExecutionInput, Any]):
-    """A Runnable that performs the task given only the matched rules' actions.
-
-    One model call per input, at temperature 0 unless told otherwise. The prompt
-    holds the input and one `[rule_id] action` line per rule (see `format_actions`);
-    the output is whatever the template's parser returns (`str`, `NPOVResult`,
-    `NBAVerdict`, ...). A malformed answer raises `OutputParserException`.
-
-    Example:
-        ```python
-        from langchain_core.runnables import RunnablePassthrough
-        from langchain_tag import NPOV_TEMPLATE, ActionOnlyExecutor, TAGRetriever
-
-        retriever = TAGRetriever.from_rulebook("npov.rulebook.json", llm=llm)
-        executor = ActionOnlyExecutor(llm=llm, template=NPOV_TEMPLATE)
-        chain = {"input": RunnablePassthrough(), "rules": retriever} | executor
-        chain.invoke("The brilliant senator gave a speech.")
-        # NPOVResult(applied_rules=['NPOV-017'], reasoning='...', rewrite='...')
-        ```
-
-    Chunk mode (a similarity retriever in place of `TAGRetriever`) uses the same
-    prompt with the passages numbered in the guidance slot.
-    """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    llm: BaseChatModel
-    """The chat model that executes."""
-    template: ExecutionTemplate = GENERIC_TEMPLATE
-    """The task's prompts and output parser."""
-    temperature: float | None = 0.0
-    """Set on a copy of the model when it has a `temperature` field; None leaves it."""
-
-    _model: BaseChatModel = PrivateAttr()
-
-    def model_post_init(self, context: Any, /) -> None:  # noqa: D102
-        self._model, _ = with_settings(self.llm, temperature=self.temperature)
-
-    def messages(
-        self, text: str, rules: Sequence[Document | Rule]
-    ) -> list[BaseMessage]:
-        """The exact messages sent for `text` and `rules` (actions only)."""
-        return self.template.messages(text, format_actions(rules))
-
-    def _execute(
-        self,
-        request: ExecutionInput,
-        run_manager: CallbackManagerForChainRun | None,
-        config: RunnableConfig,
-    ) -> Any:
-        text, rules = _unpack(request)
-        message = self._model.invoke(self.messages(text, rules), config)
-        return self.template.output_parser.invoke(message, config)
-
-    async def _aexecute(
-        self,
-        request: ExecutionInput,
-        run_manager: AsyncCallbackManagerForChainRun | None,
-        config: RunnableConfig,
-    ) -> Any:
-        text, rules = _unpack(request)
-        message = await self._model.ainvoke(self.messages(text, rules), config)
-        return await self.template.output_parser.ainvoke(message, config)
-
-    def invoke(
-        self, input: ExecutionInput, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Any:
-        """Execute the task on `input["input"]` with the actions of `input["rules"]`."""
-        return self._call_with_config(self._execute, input, config, **kwargs)
-
-    async def ainvoke(
-        self, input: ExecutionInput, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Any:
-        """Execute the task, asynchronously."""
-        return await self._acall_with_config(self._aexecute, input, config, **kwargs)
-
-
-def _unpack(request: Mapping[str, Any]) -> tuple[str, Sequence[Document | Rule]]:
-    if not isinstance(request, Mapping) or not {"input", "rules"} <= request.keys():
-        got = (
-            sorted(map(str, request.keys()))
-            if isinstance(request, Mapping)
-            else type(request).__name__
-        )
-        msg = (
-            'ActionOnlyExecutor takes {"input": str, "rules": [Document | Rule, ...]}, '
-            f"got {got}. In a chain: "
-            '{"input": RunnablePassthrough(), "rules": retriever} | executor.'
-        )
-        raise TypeError(msg)
-    text, rules = request["input"], request["rules"]
-    if not isinstance(text, str):
-        msg = f'ActionOnlyExecutor: "input" must be a str, not {type(text).__name__}.'
-        raise TypeError(msg)
-    if isinstance(rules, str) or not isinstance(rules, Sequence):
-        msg = (
-            'ActionOnlyExecutor: "rules" must be a sequence of Documents or Rules, '
-            f"not {type(rules).__name__}."
-        )
-        raise TypeError(msg)
-    return text, rules

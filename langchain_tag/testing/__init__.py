@@ -41,17 +41,30 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field, PrivateAttr
 from typing_extensions import Self
 
-from langchain_tag import prompts
-from langchain_tag.models import default_chat_model
+from langchain_tag._delimiters import CHAT_TEMPLATE_TOKENS
+from langchain_tag.matching.prompts import RULE_FIELD, read_judge_message
+from langchain_tag.models import configured_model
 from langchain_tag.rules import Rule, Rulebook
 
-# A judge prompt's blocks: `<input-<digest>>` ... `</input-<digest>>` on lines of their
-# own (plain `<input>` too, for prompts built by hand).
-_INPUT = re.compile(
-    r"^<(input(?:-[0-9a-f]+)?)>\n(.*)\n</\1>$", re.DOTALL | re.MULTILINE
-)
-_RULE = re.compile(r"^<(rule(?:-[0-9a-f]+)?)>\n(.*?)\n</\1>$", re.DOTALL | re.MULTILINE)
-_FIELD = re.compile(r"^(\w+): (.*)$", re.MULTILINE)
+__all__ = [
+    "ExtractionFakeChatModel",
+    "FakeOpenAIServer",
+    "Fault",
+    "FaultSchedule",
+    "HashingFakeEmbeddings",
+    "InjectionObeyingFakeChatModel",
+    "JudgeAndExtractorFakeChatModel",
+    "NoisyJudgeFakeChatModel",
+    "NotebookModel",
+    "OFFLINE_NOTE",
+    "RuleAwareFakeChatModel",
+    "ScriptedFakeChatModel",
+    "TransientFakeError",
+    "condition_holds",
+    "notebook_model",
+    "trigger_rulebook",
+]
+
 _TRIGGER = re.compile(r"`([^`]+)`")
 # LangChain's `LLMChainFilter` prompt: "> Question: ...", then the context in >>>.
 _CHAIN_FILTER = re.compile(
@@ -112,15 +125,6 @@ class FaultSchedule:
             or (self.every > 0 and number % self.every == 0)
             or in_outage
         )
-
-
-def judge_fields(prompt: str) -> tuple[str, dict[str, str]] | None:
-    """The input and the rule fields of a judge prompt, or None for other prompts."""
-    found_input = _INPUT.search(prompt)
-    found_rule = _RULE.search(prompt)
-    if not found_input or not found_rule:
-        return None
-    return found_input.group(2), dict(_FIELD.findall(found_rule.group(2)))
 
 
 def condition_holds(text: str, fields: Mapping[str, str]) -> bool:
@@ -330,7 +334,7 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
         }
 
     def _fault_key(self, prompt: str) -> str:
-        parsed = judge_fields(prompt)
+        parsed = read_judge_message(prompt)
         return parsed[1].get("rule_id", "") if parsed else ""
 
     def _decide(self, text: str, fields: Mapping[str, str]) -> tuple[bool, float]:
@@ -341,7 +345,7 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
         return condition_holds(text, fields), confidence
 
     def _answer(self, prompt: str) -> AIMessage:
-        parsed = judge_fields(prompt)
+        parsed = read_judge_message(prompt)
         if parsed is None:
             filtered = _CHAIN_FILTER.search(prompt)
             if filtered is None:
@@ -514,7 +518,7 @@ def _read_block(prompt: str, name: str) -> _Block | None:
     body = prompt[start:end]
     stops = [len(body)]
     # A tokenizer parsing special tokens makes these real turn boundaries.
-    if marker := prompts.CHAT_TEMPLATE_TOKENS.search(body):
+    if marker := CHAT_TEMPLATE_TOKENS.search(body):
         stops.append(marker.start())
     read, offsets = _naive_reading(body)
     closing = re.search(rf"<\s*/\s*{re.escape(tag)}(?![\w-])[^<>]*>", read)
@@ -560,7 +564,7 @@ class InjectionObeyingFakeChatModel(ScriptedFakeChatModel):
 
     def _fault_key(self, prompt: str) -> str:
         rule = _read_block(prompt, "rule")
-        return dict(_FIELD.findall(rule.data)).get("rule_id", "") if rule else ""
+        return dict(RULE_FIELD.findall(rule.data)).get("rule_id", "") if rule else ""
 
     def _answer(self, prompt: str) -> AIMessage:
         text, rule = _read_block(prompt, "input"), _read_block(prompt, "rule")
@@ -573,7 +577,7 @@ class InjectionObeyingFakeChatModel(ScriptedFakeChatModel):
                 self._obeyed += 1
             holds = claim.group(1).lower() in {"yes", "true"}
         else:
-            holds = condition_holds(text.data, dict(_FIELD.findall(rule.data)))
+            holds = condition_holds(text.data, dict(RULE_FIELD.findall(rule.data)))
         # The answer format is the one the prompt's last line asks for.
         if '"applicable"' in prompt[prompt.rfind("</rule") :]:
             return AIMessage(
@@ -864,20 +868,21 @@ class NotebookModel:
     a reader always knows whether results come from a real model or the fake.
     """
 
-    def __init__(self, llm: BaseChatModel, *, offline: bool) -> None:
+    def __init__(
+        self, llm: BaseChatModel, *, offline: bool, description: str = ""
+    ) -> None:
         """Wrap `llm`; `offline` says it is the deterministic fake."""
         self.llm = llm
         self.offline = offline
+        self.description = description or type(llm).__name__
 
     @property
     def note(self) -> str:
         """Which model runs, as Markdown."""
         if self.offline:
             return OFFLINE_NOTE
-        name = getattr(self.llm, "model_name", None) or type(self.llm).__name__
-        where = os.environ.get("OPENAI_BASE_URL") or "the OpenAI API"
         return (
-            f"**Real model:** `{name}` at {where}, configured from the environment "
+            f"**Real model:** {self.description}, configured from the environment "
             "(`OPENAI_API_KEY` / `OPENAI_BASE_URL`, `TAG_MODEL`)."
         )
 
@@ -901,8 +906,13 @@ def notebook_model() -> NotebookModel:
     offline (with `OFFLINE_NOTE` shown, since the fake's answers are no evidence of
     quality).
     """
-    if os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"):
-        return NotebookModel(default_chat_model(), offline=False)
+    configured = configured_model()
+    if configured is not None:
+        return NotebookModel(
+            configured.llm,
+            offline=False,
+            description=f"`{configured.name}` at {configured.where}",
+        )
     return NotebookModel(JudgeAndExtractorFakeChatModel(), offline=True)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from langchain_tag.cli.errors import CommandError
 from langchain_tag.data import DATA_DIR_ENV, shared_data_dir
 from langchain_tag.models import ModelNotConfiguredError, default_chat_model
 
@@ -30,7 +31,7 @@ DEFAULT_OUT = Path(".langchain-tag") / "eval"
 DEFAULT_EMBEDDING_CACHE = Path(".langchain-tag") / "embeddings.sqlite"
 
 
-def add_eval_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register `tag eval` on the `tag` command's subparsers."""
     parser = commands.add_parser(
         "eval",
@@ -116,8 +117,6 @@ def _model(name: str | None, role: str, notices: list[str]) -> BaseChatModel | N
 
 def run_eval_command(args: argparse.Namespace) -> int:
     """Run `tag eval` as parsed by `add_eval_parser`; returns the exit status."""
-    from langchain_tag.cli import CommandError  # noqa: PLC0415 - cli imports us
-
     if args.offline and (
         args.judge_model or args.executor_model or args.cheap_judge_model
     ):
@@ -231,7 +230,6 @@ def _report(
     results: list[EvalResult],
     diagnostics: list[DiagnosticResult],
 ) -> int:
-    from langchain_tag.cli import CommandError  # noqa: PLC0415
     from langchain_tag.evaluation.report import (  # noqa: PLC0415
         markdown_table,
         write_report,

@@ -5,7 +5,8 @@ pair and keeps only its confident NOs, those whose logprob score P(YES) is at mo
 `no_threshold`; YES verdicts, uncertain or unscored NOs and failed judgments go to
 the strong judge. A failed cheap judgment is never taken as a NO.
 
-It is an `ApplicabilityJudge`, so it goes wherever one does:
+It is a judge like `ApplicabilityJudge` (both are `BaseJudge`s), so it goes wherever
+one does:
 
 ```python
 cheap = ApplicabilityJudge(llm=ChatOpenAI(model="gpt-4o-mini"), logprobs=True)
@@ -40,33 +41,18 @@ from pydantic import (
     model_validator,
 )
 
-from langchain_tag.matching import (
+from langchain_tag.matching.judge import (
     ApplicabilityJudge,
+    BaseJudge,
     JudgeInput,
     JudgmentError,
     Verdict,
 )
 from langchain_tag.rules import Rule
 
-__all__ = ["CascadeJudge", "CascadeStats", "Escalation"]
-
 Escalation = Literal["yes", "uncertain", "unscored", "failed"]
 """Why a pair went to the strong judge: the cheap judge said YES, said NO with a
 score above `no_threshold`, said NO without a score, or failed."""
-
-_STAGE_OPTIONS = frozenset(
-    {
-        "llm",
-        "profile",
-        "structured_output",
-        "temperature",
-        "logprobs",
-        "top_logprobs",
-        "retry",
-        "on_error",
-        "cache",
-    }
-)
 
 
 class CascadeStats(BaseModel):
@@ -100,7 +86,7 @@ class CascadeStats(BaseModel):
         return self.final_by_cheap / self.cheap_calls if self.cheap_calls else 0.0
 
 
-class CascadeJudge(ApplicabilityJudge):
+class CascadeJudge(BaseJudge):
     """Judge with a cheap judge first; escalate all but its confident NOs.
 
     The cheap judge judges every pair. Its NO is final when its logprob score
@@ -112,14 +98,14 @@ class CascadeJudge(ApplicabilityJudge):
 
     Each verdict's `decided_by` says which stage decided (`cheap` or `strong`), and
     `stats` counts the calls of both stages. The fan-outs (`judge_rules`,
-    `ajudge_rules`) are the `ApplicabilityJudge` ones: a pair holds its concurrency
-    slot through both stages, so the limit bounds the model calls of both together.
+    `ajudge_rules`) are every judge's: a pair holds its concurrency slot through
+    both stages, so the limit bounds the model calls of both together.
     Both stages' model calls run with the caller's callbacks, named
     `<run name>:cheap` and `<run name>:strong`.
 
     The single-judge options (`llm`, `profile`, `logprobs`, `retry`, `on_error`,
-    `cache`, ...) belong to the stages and are not accepted here; `llm` and
-    `profile` are the strong judge's, and each stage caches its own verdicts.
+    `cache`, ...) belong to the stages and are not accepted here; each stage caches
+    its own verdicts.
 
     Args:
         cheap: The judge of every pair, with `logprobs=True`.
@@ -129,9 +115,6 @@ class CascadeJudge(ApplicabilityJudge):
             no logprobs): escalate it, or take it as final.
     """
 
-    # Optional to the constructor only: the validator below always fills it in.
-    llm: BaseChatModel = Field(default=None, exclude=True)  # type: ignore[assignment]
-    """The strong judge's model (the stages make the calls)."""
     cheap: ApplicabilityJudge
     strong: ApplicabilityJudge
     no_threshold: float = Field(default=0.1, ge=0.0, le=1.0)
@@ -143,19 +126,18 @@ class CascadeJudge(ApplicabilityJudge):
     @model_validator(mode="before")
     @classmethod
     def _stages_own_the_options(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        given = sorted(_STAGE_OPTIONS & data.keys())
-        if given:
+        unknown = (
+            sorted(data.keys() - cls.model_fields.keys())
+            if isinstance(data, dict)
+            else []
+        )
+        if unknown:
             msg = (
-                f"CascadeJudge takes no {', '.join(given)}: set them on the cheap "
+                f"CascadeJudge takes no {', '.join(unknown)}: set them on the cheap "
                 "and strong judges."
             )
             raise ValueError(msg)
-        strong = data.get("strong")
-        if isinstance(strong, ApplicabilityJudge):
-            data = {**data, "llm": strong.llm, "profile": strong.profile}
-        return {**data, "cache": None}
+        return data
 
     @model_validator(mode="after")
     def _cheap_can_be_confident(self) -> CascadeJudge:
@@ -169,10 +151,10 @@ class CascadeJudge(ApplicabilityJudge):
             raise ValueError(msg)
         return self
 
-    def model_post_init(self, context: Any, /) -> None:  # noqa: D102
-        # Deliberately not the base setup: the stages hold the configured models;
-        # the cascade calls none of its own.
-        del context
+    @property
+    def final_llm(self) -> BaseChatModel:
+        """The strong judge's model: its verdicts are final for escalated pairs."""
+        return self.strong.llm
 
     # -- what the cascade decides -----------------------------------------------------
 
@@ -216,7 +198,7 @@ class CascadeJudge(ApplicabilityJudge):
             return verdict.model_copy(update={"decided_by": "cheap"})
         return None
 
-    # -- the ApplicabilityJudge interface ---------------------------------------------
+    # -- the judge interface ---------------------------------------------
 
     def cache_key(self, text: str, rule: Rule) -> str:
         """Key of a cascade verdict: both stages' keys and the escalation settings."""
@@ -235,8 +217,8 @@ class CascadeJudge(ApplicabilityJudge):
         """The cheap judge's prompt prefix share: it judges every pair."""
         return self.cheap.prefix_share(text, rules)
 
-    # The stages' judgment bodies are called directly, as the fan-outs call the
-    # judge's: the stage model calls are then children of the caller's run.
+    # The stages judge as the fan-outs do, without a run of their own: the stage
+    # model calls are then children of the caller's run.
     def _judge(
         self,
         request: JudgeInput,
@@ -244,13 +226,13 @@ class CascadeJudge(ApplicabilityJudge):
         config: RunnableConfig,
     ) -> Verdict:
         try:
-            cheap = self.cheap._judge(request, None, _stage(config, "cheap"))  # noqa: SLF001
+            cheap = self.cheap.judge_pair(request, _stage(config, "cheap"))
         except JudgmentError:
             cheap = None
         final = self._triage(cheap)
         if final is not None:
             return final
-        verdict = self.strong._judge(request, None, _stage(config, "strong"))  # noqa: SLF001
+        verdict = self.strong.judge_pair(request, _stage(config, "strong"))
         return verdict.model_copy(update={"decided_by": "strong"})
 
     async def _ajudge(
@@ -260,13 +242,13 @@ class CascadeJudge(ApplicabilityJudge):
         config: RunnableConfig,
     ) -> Verdict:
         try:
-            cheap = await self.cheap._ajudge(request, None, _stage(config, "cheap"))  # noqa: SLF001
+            cheap = await self.cheap.ajudge_pair(request, _stage(config, "cheap"))
         except JudgmentError:
             cheap = None
         final = self._triage(cheap)
         if final is not None:
             return final
-        verdict = await self.strong._ajudge(request, None, _stage(config, "strong"))  # noqa: SLF001
+        verdict = await self.strong.ajudge_pair(request, _stage(config, "strong"))
         return verdict.model_copy(update={"decided_by": "strong"})
 
 

@@ -11,19 +11,28 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import chromadb
 from chromadb.config import Settings
 from langchain_chroma import Chroma
+from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 
+from langchain_tag._text import batches
+from langchain_tag.matching.prefilters import rule_text
 from langchain_tag.rules import Rule, Rulebook
 
-__all__ = ["DEFAULT_PERSIST_DIRECTORY", "RuleStore", "SyncReport", "rule_metadata"]
+__all__ = [
+    "DEFAULT_PERSIST_DIRECTORY",
+    "RuleStore",
+    "SyncReport",
+    "rule_metadata",
+    "sync_documents",
+]
 
 DEFAULT_PERSIST_DIRECTORY = Path(".langchain-tag") / "chroma"
 """Where the embedded Chroma database lives when neither a directory nor a client
@@ -48,21 +57,6 @@ class SyncReport(NamedTuple):
     """Rules no longer in the rulebook (deleted)."""
     unchanged: int
     """Rules already stored with the same content (not embedded)."""
-
-
-def rule_text(rule: Rule) -> str:
-    """The text embedded for a rule: what a similarity prefilter compares an input to.
-
-    The judge decides from name and condition (never the action), so those are what
-    an input should resemble; tags add the category vocabulary.
-    """
-    lines = [rule.name, rule.condition]
-    # Profiles such as the NBA matcher judge from `applies_when` as well.
-    if rule.applies_when:
-        lines.append(rule.applies_when)
-    if rule.tags:
-        lines.append("Tags: " + ", ".join(rule.tags))
-    return "\n".join(lines)
 
 
 def rule_metadata(rule: Rule, rulebook: Rulebook | None = None) -> dict[str, Any]:
@@ -202,48 +196,24 @@ class RuleStore:
         Returns:
             How many rules were added, updated, removed and left unchanged.
         """
-        stored = self._stored_metadata()
-        wanted = {rule.rule_id: rule for rule in rulebook.rules}
-        added: list[Rule] = []
-        updated: list[Rule] = []
-        unchanged = 0
-        for rule_id, rule in wanted.items():
-            previous = stored.get(rule_id)
-            if previous is None:
-                added.append(rule)
-            # The record hash covers the rule's content hash and also the
-            # rulebook-level info (domain) and the embedded text's layout.
-            elif previous.get("record_hash") != _record_hash(rule, rulebook):
-                updated.append(rule)
-            else:
-                unchanged += 1
-        removed = [rule_id for rule_id in stored if rule_id not in wanted]
-        # Chroma's update merges metadata, which would keep `tag:` keys of removed
-        # tags; deleting first makes each changed rule's record exactly what it is.
-        stale = removed + [rule.rule_id for rule in updated]
-        for batch in _batches(stale, self.batch_size):
-            self.vectorstore.delete(ids=list(batch))
-        for batch in _batches(added + updated, self.batch_size):
-            self.vectorstore.add_texts(
-                [rule_text(rule) for rule in batch],
-                metadatas=[rule_metadata(rule, rulebook) for rule in batch],
-                ids=[rule.rule_id for rule in batch],
+        # The record hash covers the rule's content hash and also the rulebook-level
+        # info (domain) and the embedded text's layout.
+        records = [
+            Document(
+                page_content=rule_text(rule),
+                metadata=rule_metadata(rule, rulebook),
+                id=rule.rule_id,
             )
-        return SyncReport(
-            added=len(added),
-            updated=len(updated),
-            removed=len(removed),
-            unchanged=unchanged,
+            for rule in rulebook.rules
+        ]
+        return sync_documents(
+            self.vectorstore,
+            records,
+            unchanged=lambda record, _, metadata: (
+                metadata.get("record_hash") == record.metadata["record_hash"]
+            ),
+            batch_size=self.batch_size,
         )
-
-    def _stored_metadata(self) -> dict[str, dict[str, Any]]:
-        stored = self.vectorstore.get(include=["metadatas"])
-        return {
-            rule_id: dict(metadata or {})
-            for rule_id, metadata in zip(
-                stored["ids"], stored["metadatas"], strict=True
-            )
-        }
 
     # -- reading ----------------------------------------------------------------------
 
@@ -293,10 +263,42 @@ class RuleStore:
         return self.vectorstore.as_retriever(search_kwargs=search_kwargs)
 
 
-def _record_hash(rule: Rule, rulebook: Rulebook) -> str:
-    return str(rule_metadata(rule, rulebook)["record_hash"])
+def sync_documents(
+    vectorstore: Chroma,
+    documents: Sequence[Document],
+    *,
+    unchanged: Callable[[Document, str, dict[str, Any]], bool],
+    batch_size: int,
+) -> SyncReport:
+    """Make a Chroma collection hold exactly `documents` (each with an `id`).
 
-
-def _batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+    Documents whose stored record is `unchanged(document, stored_text,
+    stored_metadata)` are neither embedded nor written; changed ones are deleted and
+    added again (Chroma's update merges metadata, which would keep stale keys), new
+    ones added, and stored records not among `documents` deleted. Ours rather than
+    `langchain_core.indexing.index`: the collection itself is the record, so a
+    persistent or server collection needs no separate record manager database.
+    """
+    found = vectorstore.get(include=["documents", "metadatas"])
+    stored = {
+        record_id: (text or "", dict(metadata or {}))
+        for record_id, text, metadata in zip(
+            found["ids"], found["documents"], found["metadatas"], strict=True
+        )
+    }
+    wanted = {str(document.id) for document in documents}
+    added = [d for d in documents if d.id not in stored]
+    updated = [
+        d for d in documents if d.id in stored and not unchanged(d, *stored[str(d.id)])
+    ]
+    removed = [record_id for record_id in stored if record_id not in wanted]
+    for batch in batches([*removed, *(str(d.id) for d in updated)], batch_size):
+        vectorstore.delete(ids=list(batch))
+    for batch in batches([*added, *updated], batch_size):
+        vectorstore.add_documents(list(batch), ids=[str(d.id) for d in batch])
+    return SyncReport(
+        added=len(added),
+        updated=len(updated),
+        removed=len(removed),
+        unchanged=len(documents) - len(added) - len(updated),
+    )

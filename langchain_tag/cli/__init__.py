@@ -1,0 +1,51 @@
+"""The `tag` command line, one module per command.
+
+tag extract FILES... --domain D -o rulebook.json
+tag run RULEBOOK "input"
+tag eval nba|obliqa|humaneval|all [--offline] [--limit N] [--out DIR]
+tag demo [--sections TITLES] [--offline]
+
+Each command module registers its options and imports what it runs only when it
+runs, so `tag --help` loads neither LangGraph nor the judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from langchain_tag.cli import demo, eval, extract, run  # noqa: A004 - `tag eval`
+from langchain_tag.cli.errors import CommandError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `tag` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="tag",
+        description="Task-Aligned Retrieval: extract rules and retrieve them by "
+        "applicability.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command in (extract, run, eval, demo):
+        command.add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `tag` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    from langchain_tag.models import ModelNotConfiguredError  # noqa: PLC0415
+    from langchain_tag.rules import RulebookError  # noqa: PLC0415
+
+    try:
+        return int(args.handler(args))
+    except (CommandError, ModelNotConfiguredError, RulebookError, ValueError) as error:
+        print(f"tag {args.command}: error: {error}", file=sys.stderr)  # noqa: T201
+        return 2
+    except KeyboardInterrupt:
+        print(  # noqa: T201
+            f"\ntag {args.command}: interrupted; run the same command again to resume.",
+            file=sys.stderr,
+        )
+        return 130

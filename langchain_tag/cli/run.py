@@ -1,0 +1,118 @@
+"""`tag run RULEBOOK "input"`: match the input, then execute the matched actions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from langchain_tag._text import describe_error
+from langchain_tag.cli.errors import CommandError, model_failed
+
+if TYPE_CHECKING:
+    from langchain_core.callbacks import UsageMetadataCallbackHandler
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register `tag run` on the `tag` command's subparsers."""
+    run = commands.add_parser(
+        "run",
+        help="match an input against a rulebook and execute the matched actions",
+        description="Judge every rule of the rulebook against the input (one LLM "
+        "call each, the actions withheld), then answer with only the matched actions.",
+    )
+    run.add_argument("rulebook", help="rulebook JSON written by `tag extract`")
+    run.add_argument("input", help='the input text, or "-" to read standard input')
+    run.add_argument(
+        "--model", help="model name for the default ChatOpenAI (else $TAG_MODEL)"
+    )
+    run.add_argument("-k", type=int, help="execute with at most K matched rules")
+    run.add_argument("--score-threshold", type=float)
+    run.add_argument(
+        "--logprobs",
+        action="store_true",
+        help="score verdicts by P(YES) from the model's logprobs",
+    )
+    run.add_argument(
+        "--profile", default="condition", help="rule-schema profile (condition, nba)"
+    )
+    run.add_argument(
+        "--template",
+        default="generic",
+        help="executor template (generic, npov, code, nba)",
+    )
+    run.add_argument("--max-concurrency", type=int, default=8)
+    run.set_defaults(handler=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run `tag run`."""
+    from langchain_core.callbacks import UsageMetadataCallbackHandler  # noqa: PLC0415
+
+    from langchain_tag.models import default_chat_model  # noqa: PLC0415
+    from langchain_tag.query_graph import QueryContext, build_query_graph  # noqa: PLC0415
+    from langchain_tag.rules import Rulebook  # noqa: PLC0415
+
+    rulebook = Rulebook.load(args.rulebook)
+    text = sys.stdin.read() if args.input == "-" else args.input
+    llm = default_chat_model(model=args.model) if args.model else default_chat_model()
+    usage = UsageMetadataCallbackHandler()
+    started = time.perf_counter()
+    try:
+        output = build_query_graph().invoke(
+            {"query": text, "rulebook": rulebook.model_dump(mode="json")},
+            {"callbacks": [usage], "max_concurrency": args.max_concurrency},
+            context=QueryContext(
+                judge_model=llm,
+                k=args.k,
+                score_threshold=args.score_threshold,
+                logprobs=args.logprobs,
+                profile=args.profile,
+                template=args.template,
+            ),
+        )
+    except Exception as error:
+        if not model_failed(error):
+            raise
+        msg = (
+            f"no answer: the model failed after its retries ({describe_error(error)}). "
+            "Nothing was assumed about any rule; try again later."
+        )
+        raise CommandError(msg) from error
+    seconds = time.perf_counter() - started
+    print(_format_run(output, len(rulebook), usage, seconds))  # noqa: T201
+    return 0
+
+
+def _format_run(
+    output: Mapping[str, Any],
+    n_rules: int,
+    usage: UsageMetadataCallbackHandler,
+    seconds: float,
+) -> str:
+    matches = output["matches"]
+    lines = [f"matched {len(matches)} of {n_rules} rules:"]
+    lines += [
+        f"  {m['rule_id']:<28} "
+        f"{'-' if m['score'] is None else format(m['score'], '.3f'):>6}  {m['name']}"
+        for m in matches
+    ] or ["  (none)"]
+    answer = output["answer"]
+    rendered = answer if isinstance(answer, str) else json.dumps(answer, indent=2)
+    tokens_in = sum(u.get("input_tokens", 0) for u in usage.usage_metadata.values())
+    tokens_out = sum(u.get("output_tokens", 0) for u in usage.usage_metadata.values())
+    cost = output["cost"]
+    lines += [
+        "",
+        "answer:",
+        rendered,
+        "",
+        (
+            f"LLM calls: {cost['judgments']} judgments + {cost['executor_calls']} "
+            f"execution; tokens: {tokens_in} in, {tokens_out} out; {seconds:.2f} s"
+        ),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,696 @@
+"""Stage 2: pairwise applicability matching.
+
+One LLM judgment per (input, rule): does the input satisfy the rule's condition? The
+judge sees the rule's id, name, condition and tags (or the fields its rule-schema
+profile names), never the action, and answers at temperature 0.
+
+A judgment that fails after its retries is never silently a NO: the judge either
+raises `JudgmentError` or, under `on_error="not_applicable"`, returns a verdict whose
+`error` is set and warns with `UnreliableMatchWarning`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import hashlib
+import json
+import threading
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal, TypeVar, cast
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForChainRun,
+    CallbackManagerForChainRun,
+)
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import (
+    Runnable,
+    RunnableConfig,
+    RunnableSerializable,
+    ensure_config,
+)
+from langchain_core.runnables.config import ContextThreadPoolExecutor
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+)
+
+from langchain_tag._text import describe_error, digest
+from langchain_tag.cache import InMemoryVerdictCache, VerdictCache
+from langchain_tag.matching import prompts
+from langchain_tag.matching.limiter import ConcurrencyLimiter
+from langchain_tag.matching.parsing import (
+    REFUSAL,
+    ParsedVerdict,
+    parse_verdict,
+    score_from_logprobs,
+)
+from langchain_tag.matching.profiles import (
+    CONDITION_PROFILE,
+    ApplicableOutput,
+    RuleSchemaProfile,
+    YesNoOutput,
+)
+from langchain_tag.models import CallRetry, model_identity, with_settings
+from langchain_tag.rules import Rule
+
+
+class Verdict(BaseModel):
+    """The outcome of judging one rule against one input."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rule_id: str
+    applies: bool
+    score: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="P(YES) / (P(YES) + P(NO)) from the model's logprobs, if any.",
+    )
+    reason: str | None = None
+    error: str | None = Field(
+        default=None,
+        description="Why the judgment failed; `applies` is then False by policy only.",
+    )
+    cached: bool = False
+    decided_by: str | None = Field(
+        default=None,
+        description="The stage of a `CascadeJudge` that decided (`cheap` or "
+        "`strong`); None for a single judge.",
+    )
+
+    @property
+    def failed(self) -> bool:
+        """True if the judgment failed and `applies` was decided by the error policy."""
+        return self.error is not None
+
+    @property
+    def relevance(self) -> float:
+        """What ranks applicable rules: the score, or 1.0 for an unscored verdict."""
+        return 1.0 if self.score is None else self.score
+
+
+def select_applicable(
+    verdicts: Sequence[Verdict],
+    order: Sequence[str],
+    *,
+    k: int | None = None,
+    threshold: float | None = None,
+) -> list[Verdict]:
+    """The applicable verdicts to return, best first.
+
+    Ranked by relevance, then by the rules' `order` (rulebook order); those below
+    `threshold`, of rules not in `order`, and past the first `k` are left out.
+    """
+    position = {rule_id: i for i, rule_id in enumerate(order)}
+    kept = [
+        v
+        for v in verdicts
+        if v.applies
+        and v.rule_id in position
+        and (threshold is None or v.relevance >= threshold)
+    ]
+    kept.sort(key=lambda v: (-v.relevance, position[v.rule_id]))
+    return kept if k is None else kept[:k]
+
+
+class JudgmentError(RuntimeError):
+    """A judgment failed after its retries under `on_error="raise"`.
+
+    `transient` tells whether the last error was one worth retrying later (a rate
+    limit, a timeout): an outer retry, such as a LangGraph node's, may try again.
+    """
+
+    def __init__(self, rule_id: str, error: str, *, transient: bool = False) -> None:
+        """Record which rule's judgment failed and why."""
+        self.rule_id = rule_id
+        self.error = error
+        self.transient = transient
+        super().__init__(
+            f"Judging rule {rule_id!r} failed: {error}. Nothing was assumed about it; "
+            "retry later, or set on_error='not_applicable' to continue with such "
+            "rules flagged as unjudged."
+        )
+
+
+class UnreliableMatchWarning(UserWarning):
+    """Some judgments failed and were treated as not applicable by policy."""
+
+
+JudgeInput = tuple[str, Rule] | Mapping[str, Any]
+"""`(input, rule)` or `{"input": ..., "rule": ...}`."""
+
+
+def _unpack(request: JudgeInput) -> tuple[str, Rule]:
+    text: object
+    rule: object
+    if isinstance(request, tuple) and len(request) == 2:  # noqa: PLR2004
+        text, rule = request
+    elif isinstance(request, Mapping) and {"input", "rule"} <= request.keys():
+        text, rule = request["input"], request["rule"]
+    else:
+        msg = "The judge takes (input, rule) or {'input': str, 'rule': Rule}."
+        raise TypeError(msg)
+    if not isinstance(text, str) or not isinstance(rule, Rule):
+        msg = (
+            "The judge takes a str input and a langchain_tag.Rule, got "
+            f"{type(text).__name__} and {type(rule).__name__}."
+        )
+        raise TypeError(msg)
+    return text, rule
+
+
+def _supports_structured_output(llm: BaseChatModel) -> bool:
+    cls = type(llm)
+    return (
+        cls.with_structured_output is not BaseChatModel.with_structured_output
+        or cls.bind_tools is not BaseChatModel.bind_tools
+    )
+
+
+_MAX_THREADS = 64
+
+_FAN_OUT_FAILED: contextvars.ContextVar[threading.Event | None] = (
+    contextvars.ContextVar("tag_fan_out_failed", default=None)
+)
+"""In `judge_rules`' workers: set once a judgment of the fan-out failed for good."""
+
+
+class _Abandoned(Exception):  # noqa: N818 - never raised to callers
+    """A judgment given up because another one of its fan-out failed for good."""
+
+
+def _give_up_if_abandoned() -> None:
+    failed = _FAN_OUT_FAILED.get()
+    if failed is not None and failed.is_set():
+        raise _Abandoned
+
+
+def _abandon_if_failed(state: RetryCallState) -> None:
+    del state
+    _give_up_if_abandoned()
+
+
+_RetryingT = TypeVar("_RetryingT", Retrying, AsyncRetrying)
+
+
+class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
+    """What every judge shares: one judgment per (input, rule), and the fan-outs.
+
+    A subclass defines one judgment (`_judge`, `_ajudge`) and its cache key; this
+    class runs it as a Runnable and fans it out over many rules of one input under a
+    concurrency bound (`judge_rules`, `ajudge_rules`), which is what `TAGRetriever`
+    and the query graph call.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    # The judgment bodies take (input, run_manager, config) so that `invoke` can run
+    # them inside a run of the judge's own; the fan-outs call them directly and let
+    # each model call be the rule's run, which costs a layer of callbacks less.
+    @abstractmethod
+    def _judge(
+        self,
+        request: JudgeInput,
+        run_manager: CallbackManagerForChainRun | None,
+        config: RunnableConfig,
+    ) -> Verdict:
+        """Judge one pair."""
+
+    @abstractmethod
+    async def _ajudge(
+        self,
+        request: JudgeInput,
+        run_manager: AsyncCallbackManagerForChainRun | None,
+        config: RunnableConfig,
+    ) -> Verdict:
+        """Judge one pair, asynchronously."""
+
+    @abstractmethod
+    def cache_key(self, text: str, rule: Rule) -> str:
+        """A key that changes whenever the verdict on (`text`, `rule`) could."""
+
+    @property
+    @abstractmethod
+    def final_llm(self) -> BaseChatModel:
+        """The model whose verdicts are final (the executor's default model)."""
+
+    def prefix_share(self, text: str, rules: Sequence[Rule]) -> float:
+        """Share of prompt characters the judgments of `text` have in common."""
+        del text, rules
+        return 0.0
+
+    def judge_pair(self, request: JudgeInput, config: RunnableConfig) -> Verdict:
+        """Judge one pair without a run of the judge's own (as the fan-outs do)."""
+        return self._judge(request, None, config)
+
+    async def ajudge_pair(self, request: JudgeInput, config: RunnableConfig) -> Verdict:
+        """Async `judge_pair`."""
+        return await self._ajudge(request, None, config)
+
+    def invoke(
+        self, input: JudgeInput, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Verdict:
+        """Judge one (input, rule) pair."""
+        verdict = self._call_with_config(self._judge, input, config, **kwargs)
+        _warn_failures([verdict], 1)
+        return verdict
+
+    async def ainvoke(
+        self, input: JudgeInput, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Verdict:
+        """Judge one (input, rule) pair, asynchronously."""
+        verdict = await self._acall_with_config(self._ajudge, input, config, **kwargs)
+        _warn_failures([verdict], 1)
+        return verdict
+
+    def judge_rules(
+        self,
+        text: str,
+        rules: Sequence[Rule],
+        config: RunnableConfig | None = None,
+        *,
+        limiter: ConcurrencyLimiter | None = None,
+    ) -> list[Verdict]:
+        """Judge every rule against `text` in worker threads, in rule order.
+
+        Under `on_error="raise"` the first failure stops the fan-out: judgments not
+        started are dropped, running ones make no further attempt, and the error
+        propagates.
+
+        Args:
+            text: The input.
+            rules: The rules to judge, one judgment each.
+            config: Callbacks, tags and metadata for the judgments' runs.
+            limiter: Caps judgments in progress; a shared limiter caps them across
+                concurrent calls. Defaults to `config["max_concurrency"]`. A judgment
+                holds its slot through its retries, so backing off also slows the
+                pace against a rate-limited API.
+        """
+        config = ensure_config(config)
+        limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
+        if not rules:
+            return []
+
+        failed = threading.Event()
+
+        def judge_one(rule: Rule) -> Verdict:
+            with limiter.hold():
+                _FAN_OUT_FAILED.set(failed)  # in this task's own copy of the context
+                _give_up_if_abandoned()
+                try:
+                    return self.judge_pair((text, rule), _judgment_config(config, rule))
+                except _Abandoned:
+                    raise
+                except BaseException:
+                    # Set here, before this worker takes the next queued rule.
+                    failed.set()
+                    raise
+
+        workers = min(len(rules), limiter.limit or _MAX_THREADS)
+        with ContextThreadPoolExecutor(max_workers=workers) as executor:
+            futures = [executor.submit(judge_one, rule) for rule in rules]
+            try:
+                # The first failure is raised when it happens, not when the
+                # judgments before it in rule order are done.
+                concurrent.futures.wait(
+                    futures, return_when=concurrent.futures.FIRST_EXCEPTION
+                )
+                for future in futures:
+                    if future.done() and future.exception() is not None:
+                        future.result()
+                verdicts = [future.result() for future in futures]
+            except BaseException:
+                # Queued judgments are dropped; running ones stop before their
+                # next attempt, so leaving the pool waits for at most one call or
+                # backoff pause each.
+                failed.set()
+                for future in futures:
+                    future.cancel()
+                raise
+        _warn_failures(verdicts, len(rules))
+        return verdicts
+
+    async def ajudge_rules(
+        self,
+        text: str,
+        rules: Sequence[Rule],
+        config: RunnableConfig | None = None,
+        *,
+        limiter: ConcurrencyLimiter | None = None,
+    ) -> list[Verdict]:
+        """Judge every rule against `text` concurrently, in rule order.
+
+        See `judge_rules`. Under `on_error="raise"` the first failure cancels the
+        judgments still waiting and propagates.
+        """
+        config = ensure_config(config)
+        limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
+
+        async def judge_one(rule: Rule) -> Verdict:
+            # The slot is taken before any work, so queued judgments cost nothing.
+            async with limiter.ahold():
+                return await self.ajudge_pair(
+                    (text, rule), _judgment_config(config, rule)
+                )
+
+        tasks = [asyncio.ensure_future(judge_one(rule)) for rule in rules]
+        try:
+            verdicts = list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        _warn_failures(verdicts, len(rules))
+        return verdicts
+
+
+class ApplicabilityJudge(BaseJudge):
+    """A Runnable that judges whether an input satisfies one rule's condition.
+
+    Works with any `BaseChatModel`: structured output where the model supports it,
+    otherwise a lenient text parser. Each call is one model call (never several rules
+    in one prompt), at temperature 0 unless told otherwise.
+
+    Example:
+        ```python
+        from langchain_openai import ChatOpenAI
+        from langchain_tag import ApplicabilityJudge, Rule
+
+        judge = ApplicabilityJudge(llm=ChatOpenAI(model="gpt-4o-mini"))
+        rule = Rule(
+            rule_id="R-1",
+            name="No wildcard imports",
+            condition="A wildcard import (from <module> import *) is used",
+            action="Replace the wildcard import with explicit imports",
+        )
+        judge.invoke(("from os import *", rule))
+        # Verdict(rule_id='R-1', applies=True, ...)
+        ```
+    """
+
+    llm: BaseChatModel
+    """The chat model that judges."""
+    profile: RuleSchemaProfile = CONDITION_PROFILE
+    """What the judge sees of each rule and how it answers."""
+    structured_output: Literal["auto", "always", "never"] = "auto"
+    """`auto`: structured output when the model implements it, else text parsing."""
+    temperature: float | None = 0.0
+    """Set on a copy of the model when it has a `temperature` field; None leaves it."""
+    logprobs: bool = False
+    """Ask for logprobs (models with a `logprobs` field, e.g. ChatOpenAI) and score."""
+    top_logprobs: int = 5
+    retry: CallRetry = Field(default_factory=CallRetry)
+    on_error: Literal["raise", "not_applicable"] = "raise"
+    """After retries: raise `JudgmentError`, or flag the verdict and treat it as NO."""
+    cache: VerdictCache | None = Field(default_factory=InMemoryVerdictCache)
+    """Where verdicts are remembered; None disables caching."""
+
+    _model: Runnable[Any, Any] = PrivateAttr()
+    _structured: bool = PrivateAttr(default=False)
+    _key_prefix: str = PrivateAttr(default="")
+
+    def model_post_init(self, context: Any, /) -> None:  # noqa: D102
+        model = self._configured_model()
+        self._key_prefix = json.dumps(
+            [
+                prompts.PROMPT_VERSION,
+                self.profile.name,
+                hashlib.sha256(
+                    json.dumps(
+                        [
+                            self.profile.system_prompt,
+                            self.profile.output_instruction,
+                            self.profile.output_schema.__name__,
+                        ]
+                    ).encode()
+                ).hexdigest(),
+                model_identity(model),
+            ]
+        )
+        self._model, self._structured = self._output_runnable(model)
+
+    @property
+    def final_llm(self) -> BaseChatModel:
+        """The judging model."""
+        return self.llm
+
+    def _configured_model(self) -> BaseChatModel:
+        logprobs = (
+            {"logprobs": True, "top_logprobs": self.top_logprobs}
+            if self.logprobs
+            else {}
+        )
+        model, unsupported = with_settings(
+            self.llm, temperature=self.temperature, **logprobs
+        )
+        if "logprobs" in unsupported:
+            msg = (
+                f"logprobs=True needs a model with a 'logprobs' option; "
+                f"{type(self.llm).__name__} has none. Use logprobs=False (verdicts "
+                "then carry no score)."
+            )
+            raise ValueError(msg)
+        return model
+
+    def _output_runnable(self, model: BaseChatModel) -> tuple[Runnable[Any, Any], bool]:
+        wanted = self.structured_output == "always" or (
+            self.structured_output == "auto" and _supports_structured_output(model)
+        )
+        if wanted:
+            try:
+                schema = self.profile.output_schema
+                return model.with_structured_output(schema, include_raw=True), True
+            except NotImplementedError:
+                if self.structured_output == "always":
+                    msg = (
+                        f"{type(model).__name__} does not support structured output; "
+                        "use structured_output='auto' or 'never'."
+                    )
+                    raise ValueError(msg) from None
+        return model, False
+
+    # -- prompt -----------------------------------------------------------------------
+
+    question: ClassVar[str] = prompts.JUDGE_QUESTION
+    """The user message's opening line: what to decide about the rule."""
+
+    def judged_fields(self, rule: Rule) -> list[tuple[str, str]]:
+        """The (label, value) pairs of `rule` in the prompt: the profile's, no action.
+
+        Prompt, cache key and prefix share all follow this; only the relevance
+        baseline (`langchain_tag.baselines.RelevanceJudge`) adds the action.
+        """
+        return self.profile.judged_fields(rule)
+
+    def messages(self, text: str, rule: Rule) -> list[BaseMessage]:
+        """The exact messages that judge `rule` against `text` (no action in them)."""
+        return [
+            SystemMessage(self.profile.system_prompt),
+            HumanMessage(
+                prompts.render_judge_user_message(
+                    text,
+                    self.judged_fields(rule),
+                    self.profile.output_instruction,
+                    self.question,
+                )
+            ),
+        ]
+
+    def prefix_share(self, text: str, rules: Sequence[Rule]) -> float:
+        """Share of prompt characters that all judgments of `text` have in common.
+
+        The system prompt and the input come before the rule, so this prefix is what a
+        provider's prefix cache can reuse across the M judgments of one input. It is
+        counted up to the end of the input block, a lower bound.
+        """
+        if not rules:
+            return 0.0
+        shared = len(self.profile.system_prompt) + len(
+            prompts.render_judge_input(text, self.question)
+        )
+        rule_parts = sum(
+            len(
+                prompts.render_judge_rule(
+                    self.judged_fields(rule), self.profile.output_instruction
+                )
+            )
+            for rule in rules
+        )
+        return shared / (shared + rule_parts / len(rules))
+
+    def cache_key(self, text: str, rule: Rule) -> str:
+        """Key of a verdict: input, judged rule fields, profile, prompt and model."""
+        payload = json.dumps([self._key_prefix, digest(text), self.judged_fields(rule)])
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    # -- one judgment -----------------------------------------------------------------
+
+    def _from_output(self, rule: Rule, output: Any) -> Verdict:
+        raw: BaseMessage = output["raw"] if self._structured else output
+        parsed = output.get("parsed") if self._structured else None
+        if isinstance(parsed, YesNoOutput):
+            decision = ParsedVerdict(applies=parsed.verdict == "YES", reason=None)
+        elif isinstance(parsed, ApplicableOutput):
+            decision = ParsedVerdict(parsed.applicable, parsed.reason or None)
+        else:
+            calls = _tool_calls(raw)
+            answer = raw.text or (
+                json.dumps([c.get("args") for c in calls]) if calls else ""
+            )
+            parsed_text = parse_verdict(answer, schema=self.profile.output_schema)
+            if parsed_text is None:
+                # Deterministic at temperature 0, so not retried.
+                return self._failed(rule, _unreadable(answer))
+            decision = parsed_text
+        score = score_from_logprobs(raw) if self.logprobs else None
+        return Verdict(
+            rule_id=rule.rule_id,
+            applies=decision.applies,
+            score=score,
+            reason=decision.reason,
+        )
+
+    def _read(self, rule: Rule, output: Any) -> Verdict:
+        # Whatever shape the output has, a failure to read it is a failed judgment.
+        try:
+            return self._from_output(rule, output)
+        except JudgmentError:
+            raise
+        except Exception as error:  # noqa: BLE001 - reported through the policy
+            return self._failed(rule, f"unreadable judge output ({error!r})")
+
+    def _failed(self, rule: Rule, error: str, *, transient: bool = False) -> Verdict:
+        if self.on_error == "raise":
+            raise JudgmentError(rule.rule_id, error, transient=transient)
+        return Verdict(rule_id=rule.rule_id, applies=False, error=error)
+
+    def _retrying(self, retrying: type[_RetryingT]) -> _RetryingT:
+        return retrying(
+            stop=stop_after_attempt(self.retry.max_attempts),
+            wait=lambda state: self.retry.delay(state.attempt_number),
+            retry=retry_if_exception(self.retry.is_transient),
+            # Under on_error="raise" a sibling's failure ends the fan-out: no retry.
+            before=_abandon_if_failed,
+            reraise=True,
+        )
+
+    def _given_up(
+        self, rule: Rule, error: Exception, retrying: Retrying | AsyncRetrying
+    ) -> Verdict:
+        attempts = retrying.statistics.get("attempt_number", 1)
+        return self._failed(
+            rule,
+            f"{describe_error(error)} (after {attempts} attempt(s))",
+            transient=self.retry.is_transient(error),
+        )
+
+    def _cached(self, hit: str | None, rule: Rule) -> Verdict | None:
+        if hit is None:
+            return None
+        return Verdict.model_validate_json(hit).model_copy(
+            update={"cached": True, "rule_id": rule.rule_id}
+        )
+
+    def _judge(
+        self,
+        request: JudgeInput,
+        run_manager: CallbackManagerForChainRun | None,
+        config: RunnableConfig,
+    ) -> Verdict:
+        text, rule = _unpack(request)
+        key = self.cache_key(text, rule) if self.cache is not None else ""
+        if self.cache is not None and (
+            hit := self._cached(self.cache.lookup(key), rule)
+        ):
+            return hit
+        retrying = self._retrying(Retrying)
+        try:
+            output = retrying(self._model.invoke, self.messages(text, rule), config)
+        except _Abandoned:
+            raise
+        except Exception as error:  # noqa: BLE001 - every failure is reported
+            return self._given_up(rule, error, retrying)
+        verdict = self._read(rule, output)
+        if self.cache is not None and not verdict.failed:
+            self.cache.update(key, verdict.model_dump_json())
+        return verdict
+
+    async def _ajudge(
+        self,
+        request: JudgeInput,
+        run_manager: AsyncCallbackManagerForChainRun | None,
+        config: RunnableConfig,
+    ) -> Verdict:
+        text, rule = _unpack(request)
+        key = self.cache_key(text, rule) if self.cache is not None else ""
+        if self.cache is not None and (
+            hit := self._cached(await self.cache.alookup(key), rule)
+        ):
+            return hit
+        retrying = self._retrying(AsyncRetrying)
+        try:
+            output = await retrying(
+                self._model.ainvoke, self.messages(text, rule), config
+            )
+        except Exception as error:  # noqa: BLE001 - every failure is reported
+            return self._given_up(rule, error, retrying)
+        verdict = self._read(rule, output)
+        if self.cache is not None and not verdict.failed:
+            await self.cache.aupdate(key, verdict.model_dump_json())
+        return verdict
+
+
+def _judgment_config(config: RunnableConfig, rule: Rule) -> RunnableConfig:
+    # One model run per rule, named after it, so a trace reads like the fan-out.
+    child = cast(
+        "RunnableConfig",
+        {
+            **config,
+            "run_name": f"judge:{rule.rule_id}",
+            "metadata": {**config.get("metadata", {}), "tag_rule_id": rule.rule_id},
+        },
+    )
+    child.pop("run_id", None)
+    return child
+
+
+def _unreadable(answer: str) -> str:
+    """Why an answer gave no verdict, for the failed verdict's `error`."""
+    kind = (
+        " (empty)"
+        if not answer.strip()
+        else " (a refusal)"
+        if REFUSAL.search(answer)
+        else ""
+    )
+    return f"unparseable judge output{kind} {answer[:200]!r}"
+
+
+def _tool_calls(message: BaseMessage) -> list[dict[str, Any]]:
+    calls = getattr(message, "tool_calls", None)
+    return list(calls) if isinstance(calls, list) else []
+
+
+def _warn_failures(verdicts: Sequence[Verdict], total: int) -> None:
+    failed = [v.rule_id for v in verdicts if v.failed]
+    if failed:
+        shown = ", ".join(failed[:10]) + (" ..." if len(failed) > 10 else "")  # noqa: PLR2004
+        warnings.warn(
+            f"{len(failed)} of {total} judgments failed and were treated as not "
+            f"applicable (on_error='not_applicable'): {shown}. Their verdicts carry "
+            "the error.",
+            UnreliableMatchWarning,
+            stacklevel=3,
+        )

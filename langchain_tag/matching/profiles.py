@@ -1,0 +1,110 @@
+"""Rule-schema profiles: what the judge sees of a rule and how it must answer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from langchain_tag.matching import prompts
+from langchain_tag.rules import Rule
+
+
+class YesNoOutput(BaseModel):
+    """Structured output of the condition profile."""
+
+    verdict: Literal["YES", "NO"]
+
+
+class ApplicableOutput(BaseModel):
+    """Structured output of the constraint profile."""
+
+    applicable: bool
+    reason: str
+
+
+class RuleSchemaProfile(BaseModel):
+    """What the judge sees of a rule, what it is told, and what it must answer.
+
+    The default profile shows `rule_id, name, condition, tags` and asks for YES/NO.
+    Domain profiles (like the paper's NBA matcher) show other rule fields and ask for
+    a boolean with a one-sentence reason. No profile may show the action.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    system_prompt: str
+    output_instruction: str
+    rule_fields: tuple[str, ...]
+    output_schema: type[YesNoOutput | ApplicableOutput]
+
+    @model_validator(mode="after")
+    def _never_the_action(self) -> RuleSchemaProfile:
+        if "action" in self.rule_fields:
+            msg = "a rule-schema profile must not show the rule's action to the judge"
+            raise ValueError(msg)
+        unknown = set(self.rule_fields) - set(Rule.model_fields)
+        if unknown:
+            msg = f"unknown rule fields in profile {self.name!r}: {sorted(unknown)}"
+            raise ValueError(msg)
+        return self
+
+    def judged_fields(self, rule: Rule) -> list[tuple[str, str]]:
+        """The (label, value) pairs the judge sees for `rule`, empty ones left out."""
+        pairs = []
+        for name in self.rule_fields:
+            value = getattr(rule, name)
+            if name == "applies_when" and not value:
+                value = rule.condition  # rules without profile fields still judge
+            if isinstance(value, tuple):
+                value = ", ".join(value)
+            if value:
+                pairs.append((name, str(value)))
+        return pairs
+
+
+CONDITION_PROFILE = RuleSchemaProfile(
+    name="condition",
+    system_prompt=prompts.JUDGE_SYSTEM,
+    output_instruction=prompts.JUDGE_OUTPUT_INSTRUCTION,
+    rule_fields=("rule_id", "name", "condition", "tags"),
+    output_schema=YesNoOutput,
+)
+"""The method's default matcher: YES/NO on the rule's observable condition."""
+
+
+def constraint_profile(
+    name: str = "constraint", domain_criteria: Sequence[str] = ()
+) -> RuleSchemaProfile:
+    """A profile that judges rules by their constraint-schema fields.
+
+    The judge sees `applies_when` (or `condition` when a rule has none), `constraint`,
+    `violation_check` and `does_not_apply_to`, and answers `applicable` with a reason.
+
+    Args:
+        name: The profile's name (part of the verdict cache key).
+        domain_criteria: Extra decision criteria for the domain, one sentence each.
+    """
+    return RuleSchemaProfile(
+        name=name,
+        system_prompt=prompts.CONSTRAINT_JUDGE_SYSTEM.format(
+            domain_criteria=prompts.render_criteria(domain_criteria)
+        ),
+        output_instruction=prompts.CONSTRAINT_OUTPUT_INSTRUCTION,
+        rule_fields=(
+            "rule_id",
+            "name",
+            "applies_when",
+            "constraint",
+            "violation_check",
+            "does_not_apply_to",
+            "tags",
+        ),
+        output_schema=ApplicableOutput,
+    )
+
+
+NBA_PROFILE = constraint_profile("nba", prompts.NBA_CRITERIA)
+"""The paper's NBA salary-cap matcher, as a constraint profile."""
