@@ -16,15 +16,21 @@ Per document it runs:
   `tracemalloc` gives the peak of Python allocations;
 - again on the same checkpoint file, unchanged: the finished run is returned;
 - again on the same checkpoint file after a one-word edit inside one rule's source
-  text: only the prompts that involve the changed section reach the model.
+  text: only the prompts that involve the changed section reach the model;
+- killed and resumed: the extraction runs in a child process on a fresh SQLite
+  checkpoint, is SIGKILLed once `--kill-at` of the calls of the run without a
+  checkpoint have finished, and a second process resumes it. (Not on Windows.)
 
 For each it prints the wall time, the rules, the LLM calls and tokens per phase (from
 the extraction report, and the calls the model actually received), and the process's
-maximum resident set size (ru_maxrss) so far.
+maximum resident set size (ru_maxrss) so far. For the killed run: the seconds from
+the start of the first process to its first model call and to the kill, the calls
+before the kill, the resuming process's wall time and calls, and the calls made twice.
 
 Run from the repository root:
 
-    python benchmarks/bench_extraction.py [--data-dir DIR] [--latency L] [--json PATH]
+    python benchmarks/bench_extraction.py [--data-dir DIR] [--latency L] [--kill-at F]
+        [--json PATH]
 
 The data directory is `--data-dir`, else `$TAG_DATA_DIR`, else `../shared/data`
 beside the repository. The exit status is 2 if a document is missing, 1 if a run's
@@ -37,6 +43,8 @@ import argparse
 import os
 import platform
 import re
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -68,6 +76,29 @@ PHASE_MARKERS = {
 }
 """Opening words of each phase's system prompt; recovery sends phase-3 prompts."""
 MIB = 1024 * 1024
+
+CHILD_SCRIPT = """
+import sys
+from pathlib import Path
+
+from langchain_core.documents import Document
+
+from langchain_tag.extraction import extract_rules
+from langchain_tag.testing import ExtractionFakeChatModel
+
+path, source, domain, log, db, out, latency, concurrency = sys.argv[1:9]
+rulebook = extract_rules(
+    [Document(page_content=Path(path).read_text(encoding="utf-8"),
+              metadata={"source": source})],
+    llm=ExtractionFakeChatModel(latency=float(latency), call_log=Path(log)),
+    domain=domain,
+    checkpoint=db,
+    max_concurrency=int(concurrency),
+)
+rulebook.save(out)
+"""
+"""One extraction on a SQLite checkpoint, logging each finished call (a digest of
+its prompt and the time) to a file another process can read."""
 
 
 @dataclass
@@ -267,6 +298,122 @@ def print_run(run: Run) -> None:
         print(f"    problems: {listed}")
 
 
+@dataclass
+class KilledRun:
+    """An extraction killed in a child process and resumed by another."""
+
+    kill_after: int
+    """Finished calls the first process was killed after (it may finish a few more
+    before the signal lands)."""
+    first_call_seconds: float | None
+    """From starting the first process to its first finished call: interpreter
+    start, imports, sectioning."""
+    killed_after_seconds: float
+    calls_before_kill: int
+    resume_seconds: float
+    """The resuming process's wall time, start to exit."""
+    resume_calls: int
+    repeated_calls: int
+    """Calls made by both processes (their answer was not stored before the kill)."""
+    total_seconds: float
+    """Both processes, start of the first to the exit of the second."""
+    same_rules: bool
+    resume_error: str = ""
+
+
+def logged_calls(log: Path) -> list[tuple[str, float]]:
+    """(digest, time) of every finished call in a child's call log."""
+    if not log.exists():
+        return []
+    calls = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        parts = line.split("\t", 2)
+        if len(parts) == 3:  # a line being written when the process died is partial
+            calls.append((parts[0], float(parts[1])))
+    return calls
+
+
+def kill_and_resume(
+    path: Path,
+    domain: str,
+    args: argparse.Namespace,
+    workdir: Path,
+    expected: Rulebook,
+    total_calls: int,
+) -> KilledRun:
+    """Run the extraction in a child, SIGKILL it part-way, resume it in another."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    log, db, out = workdir / "calls.log", workdir / "run.sqlite", workdir / "out.json"
+    command = [
+        sys.executable,
+        "-c",
+        CHILD_SCRIPT,
+        str(path),
+        path.name,
+        domain,
+        str(log),
+        str(db),
+        str(out),
+        str(args.latency),
+        str(args.max_concurrency),
+    ]
+    kill_after = max(1, round(total_calls * args.kill_at))
+    started_wall, started = time.time(), time.perf_counter()
+    process = subprocess.Popen(  # noqa: S603 - our own interpreter and script
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        while len(logged_calls(log)) < kill_after and process.poll() is None:
+            time.sleep(0.002)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+    killed_after = time.perf_counter() - started
+    before = logged_calls(log)
+
+    resumed = time.perf_counter()
+    done = subprocess.run(  # noqa: S603 - our own interpreter and script
+        command, capture_output=True, text=True, check=False
+    )
+    ended = time.perf_counter()
+    after = logged_calls(log)[len(before) :]
+    same = done.returncode == 0 and Rulebook.load(out).rules == expected.rules
+    return KilledRun(
+        kill_after=kill_after,
+        first_call_seconds=before[0][1] - started_wall if before else None,
+        killed_after_seconds=killed_after,
+        calls_before_kill=len(before),
+        resume_seconds=ended - resumed,
+        resume_calls=len(after),
+        repeated_calls=len({d for d, _ in before} & {d for d, _ in after}),
+        total_seconds=ended - started,
+        same_rules=same,
+        resume_error=done.stderr.strip().splitlines()[-1] if done.returncode else "",
+    )
+
+
+def print_killed(run: KilledRun) -> None:
+    """The killed run's figures."""
+    first = (
+        f"first call after {run.first_call_seconds:.3f} s, "
+        if run.first_call_seconds is not None
+        else ""
+    )
+    print(
+        f"  killed and resumed (SQLite checkpoint, kill after {run.kill_after} "
+        f"calls): {first}killed after {run.killed_after_seconds:.3f} s with "
+        f"{run.calls_before_kill} calls done"
+    )
+    print(
+        f"    resume: {run.resume_seconds:.3f} s, {run.resume_calls} calls, "
+        f"{run.repeated_calls} made twice; both processes {run.total_seconds:.3f} s"
+    )
+    if run.resume_error:
+        print(f"    resume failed: {run.resume_error}")
+
+
 def bench_document(
     name: str, path: Path, domain: str, args: argparse.Namespace, workdir: Path
 ) -> tuple[dict[str, Any], bool]:
@@ -307,6 +454,18 @@ def bench_document(
         f"received {edited.model_calls}"
     )
 
+    killed = None
+    if sys.platform != "win32" and args.kill_at > 0:
+        killed = kill_and_resume(
+            path,
+            domain,
+            args,
+            workdir / f"{name}-killed",
+            plain_rules,
+            plain.model_calls,
+        )
+        print_killed(killed)
+
     checks = {
         "faithful (no checkpoint)": unfaithful(plain_rules, text) == 0,
         "faithful (after the edit)": unfaithful(edited_rules, edited_text) == 0,
@@ -316,6 +475,8 @@ def bench_document(
         "unchanged re-run makes no call": unchanged.model_calls == 0,
         "the edit re-sends fewer calls": edited.model_calls < plain.model_calls,
     }
+    if killed is not None:
+        checks["killed run resumes to the same rules"] = killed.same_rules
     for label, held in checks.items():
         print(f"  check: {label}: {'ok' if held else 'FAILED'}")
         ok = ok and held
@@ -327,6 +488,7 @@ def bench_document(
         "runs": [asdict(r) for r in (plain, sqlite, unchanged, edited)],
         "checkpoint_overhead_seconds": sqlite.seconds - plain.seconds,
         "checkpoint_bytes": databases[0].stat().st_size,
+        "killed_and_resumed": asdict(killed) if killed is not None else None,
         "checks": checks,
     }, ok
 
@@ -349,7 +511,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=8,
         help="LLM calls in flight at most (default 8, as extract_rules)",
     )
+    parser.add_argument(
+        "--kill-at",
+        type=float,
+        default=0.5,
+        metavar="F",
+        help="kill the child extraction after this share of the calls, then resume "
+        "it; 0 skips that run (default 0.5)",
+    )
     args = _common.parse_arguments(parser, argv)
+    if not 0 <= args.kill_at < 1:
+        parser.error("--kill-at must be in [0, 1)")
     if args.latency < 0:
         parser.error("--latency must not be negative")
     if args.max_concurrency < 1:
@@ -390,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "latency": args.latency,
                 "max_concurrency": args.max_concurrency,
+                "kill_at": args.kill_at,
                 "repeats": args.repeats,
                 "python": platform.python_version(),
                 "machine": platform.machine(),

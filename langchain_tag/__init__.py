@@ -4,9 +4,9 @@ Retrieve the rules whose condition an input satisfies, judged pairwise by an LLM
 never sees the rules' actions, instead of the passages most similar to the input.
 
 The method's stages are sub-packages: `extraction` (documents -> rulebook),
-`matching` (the judge, prefilters, caches) and `execution` (the action-only
-executor); `retrievers` and `query_graph` assemble them. This module re-exports
-the few names most programs need.
+`matching` (the judge, the cascade, prefilters and the rule store) and `execution`
+(the action-only executor); `retrievers` and `query_graph` assemble them. This
+module re-exports the few names most programs need.
 """
 
 from importlib import import_module, metadata

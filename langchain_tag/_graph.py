@@ -22,9 +22,10 @@ def as_documents(items: Iterable[Document | Mapping[str, Any]]) -> list[Document
 def coerce_context(context: object, schema: type[ContextT]) -> ContextT:
     """A graph's run context as its dataclass.
 
-    Python callers pass the dataclass; a LangGraph server passes the JSON a client
-    sent (a dict, possibly with fields this version does not know, which are
-    ignored); no context means the defaults.
+    Python callers pass the dataclass, and LangGraph turns a dict (as a server
+    passes the JSON a client sent) into it once per run; a dict that reaches a node
+    another way has fields this version does not know ignored; no context means the
+    defaults.
     """
     if isinstance(context, schema):
         return context

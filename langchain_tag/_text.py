@@ -22,6 +22,31 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def check_text(text: object, what: str) -> str:
+    """`text` if it is a str that can be encoded, else a clear error.
+
+    Raises:
+        TypeError: `text` is not a str.
+        ValueError: `text` holds a lone surrogate (text decoded with
+            `errors="surrogateescape"`, or cut inside a surrogate pair), which no
+            model API and no hash accepts.
+    """
+    if not isinstance(text, str):
+        msg = f"{what} must be a str, got {type(text).__name__}."
+        raise TypeError(msg)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        msg = (
+            f"{what} holds a lone surrogate {text[error.start]!r} at position "
+            f"{error.start}, which is not valid Unicode text. Decode the source "
+            "with errors='replace', or clean it with "
+            "text.encode('utf-8', 'replace').decode('utf-8')."
+        )
+        raise ValueError(msg) from None
+    return text
+
+
 def slug(text: str, default: str, max_length: int | None = None) -> str:
     """Lower-case words joined by hyphens (`default` when none are left)."""
     words = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")

@@ -16,12 +16,12 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from pathlib import Path
 
-
 __all__ = [
     "InMemoryVerdictCache",
     "SQLiteVerdictCache",
     "VerdictCache",
 ]
+
 
 class VerdictCache(ABC):
     """Where verdicts are remembered, keyed by an opaque string."""

@@ -25,13 +25,13 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from langchain_core.callbacks import UsageMetadataCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel
 from pydantic import BaseModel, Field
 
 from langchain_tag._text import slug
+from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.execution import CODE_TEMPLATE, ActionOnlyExecutor
 from langchain_tag.matching import ApplicabilityJudge, UnreliableMatchWarning
 from langchain_tag.models import ModelNotConfiguredError, configured_model
@@ -492,7 +492,7 @@ def _say_rules(
 def _run_snippet(
     snippet: Snippet, retriever: TAGRetriever, executor: ActionOnlyExecutor
 ) -> SnippetReport:
-    usage = UsageMetadataCallbackHandler()
+    usage = CallCounter()
     config: Any = {"callbacks": [usage]}
     started = time.perf_counter()
     with warnings.catch_warnings():
@@ -508,7 +508,6 @@ def _run_snippet(
         # The first line says what was wrong; langchain adds a link after it.
         answer_error = str(error).splitlines()[0]
     judged = len(result.verdicts)
-    calls = judged - sum(v.cached for v in result.verdicts) + 1
     return SnippetReport(
         title=snippet.title,
         code=snippet.code,
@@ -525,13 +524,9 @@ def _run_snippet(
         empty_reason=result.reason,
         answer=answer,
         answer_error=answer_error,
-        llm_calls=calls,
-        input_tokens=sum(
-            u.get("input_tokens", 0) for u in usage.usage_metadata.values()
-        ),
-        output_tokens=sum(
-            u.get("output_tokens", 0) for u in usage.usage_metadata.values()
-        ),
+        llm_calls=usage.calls,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
         seconds=time.perf_counter() - started,
     )
 

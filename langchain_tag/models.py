@@ -7,10 +7,12 @@ is only what is used when none is passed.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import os
 import random
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -56,8 +58,16 @@ def with_settings(
     fields = type(llm).model_fields
     wanted = {name: value for name, value in settings.items() if value is not None}
     updates = {name: value for name, value in wanted.items() if name in fields}
+    if "max_retries" in updates and _SDK_CLIENTS <= fields.keys():
+        # ChatOpenAI builds its SDK client, retries included, when it is made: a
+        # copy must be made anew (with everything else, a custom http_client too).
+        kept = {name: getattr(llm, name) for name in fields if name not in _SDK_CLIENTS}
+        return type(llm).model_validate({**kept, **updates}), set(wanted) - set(updates)
     copy = llm.model_copy(update=updates) if updates else llm
     return copy, set(wanted) - set(updates)
+
+
+_SDK_CLIENTS = frozenset({"client", "async_client", "root_client", "root_async_client"})
 
 
 def environment_configures_model() -> bool:
@@ -150,9 +160,45 @@ def _is_openai_connection_error(error: BaseException) -> bool:
     return openai is not None and isinstance(error, openai.APIConnectionError)
 
 
+def retry_after(error: BaseException | None) -> float | None:
+    """Seconds the provider asked to wait (`retry-after-ms` or `retry-after`), if any.
+
+    Read from the HTTP response the error carries (the OpenAI and Anthropic SDKs'
+    errors and httpx's carry one); an HTTP date counts from now.
+    """
+    headers = getattr(getattr(error, "response", None), "headers", None)
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value) * scale)
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            continue
+        return max(0.0, when.timestamp() - time.time())
+    return None
+
+
+def is_rate_limit(error: BaseException | None) -> bool:
+    """Whether `error` is the provider's rate limit (HTTP 429)."""
+    return getattr(error, "status_code", None) == 429  # noqa: PLR2004
+
+
 @dataclass(frozen=True)
 class CallRetry:
-    """Exponential backoff with jitter for transient model errors."""
+    """Exponential backoff with jitter for transient model errors.
+
+    The one retry layer for the model calls langchain-tag makes: the models it
+    builds or wraps have their client's own retries (`max_retries`) turned off, so
+    a judgment makes at most `max_attempts` requests. A wait the provider asks for
+    (`Retry-After`) replaces the computed one, up to `max_delay`.
+    """
 
     max_attempts: int = 4
     initial_delay: float = 1.0
@@ -171,8 +217,16 @@ class CallRetry:
             return transient
         return getattr(error, "status_code", None) in _TRANSIENT_STATUS
 
-    def delay(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number `attempt` (1-based)."""
+    def delay(self, attempt: int, error: BaseException | None = None) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based).
+
+        Args:
+            attempt: The attempt that failed.
+            error: Its error; a `Retry-After` it carries sets the wait.
+        """
+        asked = retry_after(error)
+        if asked is not None:
+            return min(self.max_delay, asked)
         base = min(self.max_delay, self.initial_delay * self.backoff ** (attempt - 1))
         return base * (1 + self.jitter * random.random())  # noqa: S311 - not crypto
 

@@ -54,8 +54,8 @@ from langchain_tag.matching import (
     RuleSchemaProfile,
     Verdict,
 )
-from langchain_tag.matching.judge import select_applicable
-from langchain_tag.models import CallRetry, default_chat_model
+from langchain_tag.matching.judge import check_selection, select_applicable
+from langchain_tag.models import CallRetry, default_chat_model, with_settings
 from langchain_tag.rules import Rule, Rulebook
 
 __all__ = [
@@ -112,6 +112,13 @@ class QueryContext:
     """Pause after extraction for a person to approve, edit or drop rules."""
     domain: str = "instruction"
     """Domain string for extraction, when the input brings documents."""
+    on_error: Literal["raise", "not_applicable"] = "raise"
+    """A judgment that fails after its retries: stop the run, or continue with that
+    rule flagged as unjudged (not applicable), for the judge built here."""
+
+    def __post_init__(self) -> None:
+        """Refuse a `k` or `score_threshold` the executor step could not honour."""
+        check_selection(self.k, self.score_threshold)
 
 
 class QueryInput(TypedDict):
@@ -213,6 +220,7 @@ def _build_judge(context: QueryContext) -> BaseJudge:
         profile=profile,
         logprobs=context.logprobs,
         retry=_ONE_ATTEMPT,
+        on_error=context.on_error,
         cache=None,  # judgments are cached by the graph's node cache, if any
     )
 
@@ -234,6 +242,8 @@ def _executor(context: QueryContext) -> ActionOnlyExecutor:
         or (context.judge.final_llm if context.judge is not None else None)
         or _environment_model()
     )
+    # The node's retry policy is the one layer: the client's own would multiply it.
+    llm, _ = with_settings(llm, max_retries=0)
     return ActionOnlyExecutor(llm=llm, template=_template(context))
 
 
@@ -263,9 +273,7 @@ def load_rulebook(state: QueryState) -> dict[str, Any]:
             raise ValueError(msg)
         return {**update, "rules": None}
     rulebook = (
-        Rulebook.load(given)
-        if isinstance(given, str)
-        else Rulebook.model_validate(given)
+        Rulebook.load(given) if isinstance(given, str) else Rulebook.from_data(given)
     )
     return {**update, "rules": [r.model_dump(mode="json") for r in rulebook.rules]}
 
@@ -461,6 +469,7 @@ def execute(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
         "rules": len(state.get("rules") or []),
         "judgments": len(verdicts),
         "applicable": sum(v.applies for v in verdicts),
+        "failed": sum(v.failed for v in verdicts),
         "executor_calls": 1,
         "seconds": round(time.time() - state.get("started", time.time()), 3),
     }

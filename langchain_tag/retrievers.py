@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -25,13 +26,15 @@ from langchain_core.callbacks import (
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, ensure_config
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from langchain_tag._text import check_text
 from langchain_tag.matching.judge import (
     ApplicabilityJudge,
     BaseJudge,
     Verdict,
+    check_selection,
     select_applicable,
 )
 from langchain_tag.matching.limiter import ConcurrencyLimiter
@@ -56,7 +59,18 @@ RuleFilter = Mapping[str, Any] | Callable[[Rule], bool]
 MATCH_EVENT = "tag_match"
 """Name of the custom event each retrieval dispatches with its `MatchResult` summary."""
 
-_SINK = "_tag_match_sink"
+_CALL = "_tag_call"
+_PER_CALL = ("k", "filter", "score_threshold")
+
+
+class _Call(NamedTuple):
+    """One retrieval's options, checked before any judgment."""
+
+    k: int | None
+    threshold: float | None
+    rule_filter: RuleFilter | None
+    limiter: ConcurrencyLimiter
+    sink: list[MatchResult] | None
 
 
 def rule_passes(rule: Rule, rule_filter: RuleFilter | None) -> bool:
@@ -177,6 +191,7 @@ class TAGRetriever(BaseRetriever):
     `metadata["rule_id"]` or `id`. None judges every rule, as in the paper."""
 
     _limiter: ConcurrencyLimiter = PrivateAttr()
+    _warned_unscored: bool = PrivateAttr(default=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -224,26 +239,60 @@ class TAGRetriever(BaseRetriever):
     ) -> TAGRetriever:
         """Extract a rulebook from documents, then retrieve over it.
 
+        A rulebook file at `rulebook_path` is loaded only if it records the same
+        documents: the same ids (as extraction gives them) with the same content
+        (SHA-256); their order and source paths do not matter. If documents were
+        added, removed or edited, a warning names them, the rulebook is extracted
+        again and the file replaced. Under a persistent checkpoint (the default)
+        that costs only the changed sections' calls; with `extraction=
+        {"checkpoint": None}` every section is sent again. The domain and the
+        extraction settings are not compared: delete the file to apply new ones.
+
         Args:
             documents: LangChain documents from any loader, or strings.
             llm: The model for extraction and judging; default from the environment.
-            rulebook_path: Where to save the rulebook (atomically). If the file
-                exists it is loaded instead of extracting again.
+            rulebook_path: Where to keep the rulebook (saved atomically); see above.
             domain: What the documents govern, for the extraction prompts.
             extraction: Other `extract_rules` arguments (`checkpoint`,
                 `skip_phases`, `max_concurrency`, ...).
             **kwargs: `TAGRetriever` fields (`k`, `judge`, ...).
-        """
-        from langchain_tag.extraction import extract_rules  # noqa: PLC0415 - langgraph
 
-        if rulebook_path is not None and Path(rulebook_path).exists():
-            rulebook = Rulebook.load(rulebook_path)
-        else:
-            rulebook = extract_rules(
-                documents, llm=llm, domain=domain, **dict(extraction or {})
+        Raises:
+            RulebookError: The file at `rulebook_path` records no documents (it was
+                not extracted), so it cannot be checked; it is left untouched.
+        """
+        # Imported here: extraction loads langgraph.
+        from langchain_tag.extraction import extract_rules  # noqa: PLC0415
+        from langchain_tag.extraction.run import changed_documents  # noqa: PLC0415
+        from langchain_tag.rules import RulebookError  # noqa: PLC0415
+
+        docs = list(documents)  # read twice: compared, then extracted
+        path = None if rulebook_path is None else Path(rulebook_path)
+        if path is not None and path.exists():
+            rulebook = Rulebook.load(path)
+            if not rulebook.documents:
+                raise RulebookError(
+                    path,
+                    "records no source documents, so it cannot be checked against "
+                    "the documents given.",
+                    "Load it with TAGRetriever.from_rulebook(Rulebook.load(path)), "
+                    "or delete it to extract the documents again.",
+                )
+            changes = changed_documents(rulebook.documents, docs)
+            if not any(changes.values()):
+                return cls.from_rulebook(rulebook, llm=llm, **kwargs)
+            changed = "; ".join(
+                f"{what}: {', '.join(ids)}" for what, ids in changes.items() if ids
             )
-            if rulebook_path is not None:
-                rulebook.save(rulebook_path)
+            logger.warning(
+                "Rulebook %s was extracted from other documents (%s): extracting "
+                "again.",
+                path,
+                changed,
+            )
+        rulebook = extract_rules(docs, llm=llm, domain=domain, **dict(extraction or {}))
+        if path is not None:
+            rulebook.save(path)
         return cls.from_rulebook(rulebook, llm=llm, **kwargs)
 
     @classmethod
@@ -282,7 +331,7 @@ class TAGRetriever(BaseRetriever):
     ) -> MatchResult:
         """Retrieve, returning every verdict and the empty-result reason as well."""
         sink: list[MatchResult] = []
-        self.invoke(query, config, **kwargs, **{_SINK: sink})
+        self.invoke(query, config, **kwargs, _sink=sink)
         return sink[0]
 
     async def amatch(
@@ -290,10 +339,53 @@ class TAGRetriever(BaseRetriever):
     ) -> MatchResult:
         """Async `match`."""
         sink: list[MatchResult] = []
-        await self.ainvoke(query, config, **kwargs, **{_SINK: sink})
+        await self.ainvoke(query, config, **kwargs, _sink=sink)
         return sink[0]
 
     # -- BaseRetriever ----------------------------------------------------------------
+
+    def invoke(
+        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[Document]:
+        """Retrieve the applicable rules; per call: `k`, `filter`, `score_threshold`."""
+        return super().invoke(input, config, **self._call(input, config, kwargs))
+
+    async def ainvoke(
+        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[Document]:
+        """Async `invoke`."""
+        return await super().ainvoke(input, config, **self._call(input, config, kwargs))
+
+    def _call(
+        self, query: object, config: RunnableConfig | None, kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Check the query and the per-call options before anything is judged.
+
+        The run config's `max_concurrency` (as `batch` passes it) bounds this call's
+        judgments too, within the retriever's own bound.
+        """
+        check_text(query, "The query")
+        passed = {key: kwargs.pop(key) for key in _PER_CALL if key in kwargs}
+        sink = kwargs.pop("_sink", None)
+        unknown = sorted(set(kwargs) - {"run_id"})
+        if unknown:
+            msg = (
+                f"TAGRetriever got unknown keyword argument(s) {', '.join(unknown)}; "
+                f"per call it takes {', '.join(_PER_CALL)}."
+            )
+            raise TypeError(msg)
+        k = passed.get("k", self.k)
+        threshold = passed.get("score_threshold", self.score_threshold)
+        check_selection(k, threshold)
+        self.rulebook.check()
+        limit = ensure_config(config).get("max_concurrency")
+        limiter = (
+            self._limiter
+            if limit is None or limit == self._limiter.bound
+            else ConcurrencyLimiter(limit, within=self._limiter)
+        )
+        call = _Call(k, threshold, passed.get("filter", self.filter), limiter, sink)
+        return {**kwargs, _CALL: call}
 
     def _get_relevant_documents(
         self,
@@ -303,18 +395,18 @@ class TAGRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         started = time.perf_counter()
+        call = self._call_of(query, kwargs)
         child: RunnableConfig = {"callbacks": run_manager.get_child()}
-        rule_filter = kwargs.get("filter", self.filter)
-        candidates = self._filtered(rule_filter)
+        candidates = self._filtered(call.rule_filter)
         if self.prefilter is not None and candidates:
             shortlist = self.prefilter.invoke(query, child)
             candidates = self._shortlisted(candidates, shortlist)
         verdicts = self.judge.judge_rules(
-            query, candidates, child, limiter=self._limiter
+            query, candidates, child, limiter=call.limiter
         )
-        result = self._result(query, candidates, verdicts, kwargs, started, rule_filter)
+        result = self._result(query, candidates, verdicts, call, started)
         dispatch_custom_event(MATCH_EVENT, result.summary(), config=child)
-        return self._deliver(result, kwargs)
+        return result.documents
 
     async def _aget_relevant_documents(
         self,
@@ -324,20 +416,25 @@ class TAGRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         started = time.perf_counter()
+        call = self._call_of(query, kwargs)
         child: RunnableConfig = {"callbacks": run_manager.get_child()}
-        rule_filter = kwargs.get("filter", self.filter)
-        candidates = self._filtered(rule_filter)
+        candidates = self._filtered(call.rule_filter)
         if self.prefilter is not None and candidates:
             shortlist = await self.prefilter.ainvoke(query, child)
             candidates = self._shortlisted(candidates, shortlist)
         verdicts = await self.judge.ajudge_rules(
-            query, candidates, child, limiter=self._limiter
+            query, candidates, child, limiter=call.limiter
         )
-        result = self._result(query, candidates, verdicts, kwargs, started, rule_filter)
+        result = self._result(query, candidates, verdicts, call, started)
         await adispatch_custom_event(MATCH_EVENT, result.summary(), config=child)
-        return self._deliver(result, kwargs)
+        return result.documents
 
     # -- the steps around the judgments -----------------------------------------------
+
+    def _call_of(self, query: str, kwargs: Mapping[str, Any]) -> _Call:
+        call = kwargs.get(_CALL)
+        # Subclasses and tests may call the BaseRetriever hooks directly.
+        return call if isinstance(call, _Call) else self._call(query, None, {})[_CALL]
 
     def _filtered(self, rule_filter: RuleFilter | None) -> list[Rule]:
         return [rule for rule in self.rulebook.rules if rule_passes(rule, rule_filter)]
@@ -362,12 +459,10 @@ class TAGRetriever(BaseRetriever):
         query: str,
         candidates: list[Rule],
         verdicts: list[Verdict],
-        kwargs: Mapping[str, Any],
+        call: _Call,
         started: float,
-        rule_filter: RuleFilter | None,
     ) -> MatchResult:
-        k = kwargs.get("k", self.k)
-        threshold = kwargs.get("score_threshold", self.score_threshold)
+        k, threshold, rule_filter = call.k, call.threshold, call.rule_filter
         rules = {rule.rule_id: rule for rule in candidates}
         applicable = [v for v in verdicts if v.applies]
         kept = select_applicable(
@@ -392,7 +487,19 @@ class TAGRetriever(BaseRetriever):
                     "applicable)"
                 )
             logger.info("TAG retrieval returned nothing for %r: %s", query[:80], reason)
-        return MatchResult(
+        if threshold is not None and not self._warned_unscored:
+            unscored = [v.rule_id for v in applicable if v.score is None]
+            if unscored:
+                self._warned_unscored = True
+                warnings.warn(
+                    f"score_threshold={threshold} has no effect on verdicts without a "
+                    f"score ({len(unscored)} here, e.g. {unscored[0]!r}): they rank "
+                    "as 1.0. Scores come from logprobs: ApplicabilityJudge("
+                    "logprobs=True) with a model that returns them (e.g. ChatOpenAI).",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        result = MatchResult(
             query=query,
             documents=documents,
             verdicts=verdicts,
@@ -403,13 +510,9 @@ class TAGRetriever(BaseRetriever):
             prefix_share=self.judge.prefix_share(query, candidates),
             elapsed_seconds=time.perf_counter() - started,
         )
-
-    @staticmethod
-    def _deliver(result: MatchResult, kwargs: Mapping[str, Any]) -> list[Document]:
-        sink = kwargs.get(_SINK)
-        if sink is not None:
-            sink.append(result)
-        return result.documents
+        if call.sink is not None:
+            call.sink.append(result)
+        return result
 
 
 def reassemble_chunks(chunks: Sequence[Document]) -> list[Document]:

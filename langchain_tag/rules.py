@@ -200,7 +200,7 @@ class Rulebook(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format_version: int = FORMAT_VERSION
+    format_version: int = Field(default=FORMAT_VERSION, ge=1)
     domain: str | None = None
     rules: list[Rule] = Field(default_factory=list)
     documents: list[SourceDocument] = Field(default_factory=list)
@@ -232,6 +232,22 @@ class Rulebook(BaseModel):
     def __len__(self) -> int:
         """Number of rules."""
         return len(self.rules)
+
+    def check(self) -> None:
+        """Check the rules as they are now: `rules` is a plain list users may edit.
+
+        Raises:
+            RulebookError: Two rules share an id, or a relation names a missing rule.
+        """
+        try:
+            _check_consistency(self.rules)
+        except ValueError as error:
+            raise RulebookError(
+                None,
+                f"{error}.",
+                "Give every rule its own rule_id (and keep relations to rules of the "
+                "rulebook) before retrieving or saving.",
+            ) from None
 
     def _position_of(self, rule_id: str) -> int | None:
         # `rules` is a plain list users may edit, so a stale index is rebuilt.
@@ -280,10 +296,10 @@ class Rulebook(BaseModel):
             The path written.
 
         Raises:
-            ValueError: The rules were edited into an inconsistent state (duplicate
-                ids, relations to missing rules); nothing is written.
+            RulebookError: The rules were edited into an inconsistent state
+                (duplicate ids, relations to missing rules); nothing is written.
         """
-        _check_consistency(self.rules)
+        self.check()
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         data = self.model_dump_json(indent=2).encode("utf-8") + b"\n"
@@ -367,6 +383,18 @@ class Rulebook(BaseModel):
                 "Fix the JSON by hand at that position, restore a backup, or re-run "
                 "extraction.",
             ) from None
+        return cls.from_data(data, path=path)
+
+    @classmethod
+    def from_data(
+        cls, data: object, *, path: str | os.PathLike[str] | None = None
+    ) -> Rulebook:
+        """Validate a rulebook given as plain data (parsed JSON, a server's input).
+
+        Raises:
+            RulebookError: Not a rulebook, from a newer release, or an invalid
+                field, named with its rule id.
+        """
         if not isinstance(data, dict) or "rules" not in data:
             raise RulebookError(
                 path,

@@ -7,7 +7,7 @@ import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from langchain_tag.cli.errors import CommandError
+from langchain_tag.cli.errors import CommandError, at_least
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -28,7 +28,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "Programming Recommendations)",
     )
     parser.add_argument(
-        "--max-sections", type=int, help="extract from at most N of those sections"
+        "--max-sections",
+        type=at_least(1),
+        help="extract from at most N of those sections",
     )
     parser.add_argument(
         "--rulebook",
@@ -53,8 +55,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         action="store_true",
         help="do not ask the configured model for logprobs (matches get no score)",
     )
-    parser.add_argument("--prefilter-k", type=int, default=5)
-    parser.add_argument("--max-concurrency", type=int, default=4)
+    parser.add_argument("--prefilter-k", type=at_least(1), default=5)
+    parser.add_argument("--max-concurrency", type=at_least(1), default=4)
     parser.set_defaults(handler=demo_command)
 
 

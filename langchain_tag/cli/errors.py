@@ -1,6 +1,12 @@
-"""Errors the `tag` commands report in one line, without a traceback."""
+"""Errors the `tag` commands report in one line, without a traceback.
+
+Options are checked by argparse types that say which option is wrong and why.
+"""
 
 from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
 
 from langchain_tag.models import CallRetry
 
@@ -18,3 +24,31 @@ def model_failed(error: Exception) -> bool:
         or CallRetry().is_transient(error)
         or getattr(error, "status_code", None) is not None
     )
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer no smaller than `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            msg = f"must be an integer >= {minimum}, got {text!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    return parse
+
+
+def probability(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        msg = f"must be a number in [0, 1], got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value

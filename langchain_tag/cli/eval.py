@@ -1,7 +1,7 @@
-"""`tag eval nba|obliqa|humaneval|all`: run the harness, print and write the report.
+"""`tag eval nba|obliqa|humaneval|all`: run the methods, print and write the report.
 
 The subcommand's options are declared here and `langchain_tag.cli` only registers
-them; the harness is imported when the command runs, so `tag --help` stays fast.
+them; the evaluation is imported when the command runs, so `tag --help` stays fast.
 """
 
 from __future__ import annotations
@@ -21,14 +21,12 @@ from langchain_tag.models import ModelNotConfiguredError, default_chat_model
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
 
-    from langchain_tag.evaluation.harness import (
-        DiagnosticResult,
-        EvalResult,
-        TaskName,
-    )
+    from langchain_tag.evaluation.diagnostic import DiagnosticResult
+    from langchain_tag.evaluation.runner import EvalResult
+    from langchain_tag.evaluation.tasks import TaskName
 
 DEFAULT_OUT = Path(".langchain-tag") / "eval"
-DEFAULT_EMBEDDING_CACHE = Path(".langchain-tag") / "embeddings.sqlite"
+DEFAULT_EMBEDDING_CACHE = Path(".langchain-tag") / "embeddings"
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -90,7 +88,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--embedding-cache",
         default=str(DEFAULT_EMBEDDING_CACHE),
-        help="SQLite file keeping embedding vectors across runs (default "
+        help="directory keeping embedding vectors across runs (default "
         f"{DEFAULT_EMBEDDING_CACHE})",
     )
     parser.add_argument(
@@ -128,6 +126,13 @@ def run_eval_command(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         msg = f"--limit must be a positive number of inputs, got {args.limit}."
         raise CommandError(msg)
+    if not args.no_embedding_cache and Path(args.embedding_cache).is_file():
+        msg = (
+            f"--embedding-cache {args.embedding_cache} is a file; it must be a "
+            "directory (vectors are kept a file each): pass another path, or "
+            "delete the file (an embeddings.sqlite of an earlier version)."
+        )
+        raise CommandError(msg)
     data_dir = shared_data_dir(args.data_dir)
     if data_dir is None:
         where = args.data_dir or f"${DATA_DIR_ENV} or ../shared/data"
@@ -137,15 +142,15 @@ def run_eval_command(args: argparse.Namespace) -> int:
             f"{DATA_DIR_ENV}."
         )
         raise CommandError(msg)
-    from langchain_tag.evaluation import harness  # noqa: PLC0415 - heavy imports
+    from langchain_tag.evaluation import methods, tasks  # noqa: PLC0415 - heavy
 
-    names = harness.TASKS if args.task == "all" else (args.task,)
+    names = tasks.TASKS if args.task == "all" else (args.task,)
     patterns = args.methods.split(",") if args.methods else None
     if patterns:
         # Check the patterns against every task's methods; each task then runs
         # those it has (prefilter sizes differ between tasks).
-        harness.select_methods(
-            [m for name in names for m in harness.standard_methods(name)], patterns
+        methods.select_methods(
+            [m for name in names for m in methods.standard_methods(name)], patterns
         )
     notices: list[str] = []
     judge = None if args.offline else _model(args.judge_model, "judge", notices)
@@ -171,10 +176,16 @@ def _evaluate(
     selection: tuple[Sequence[TaskName], list[str] | None],
     models: tuple[BaseChatModel | None, BaseChatModel | None, BaseChatModel | None],
 ) -> tuple[list[EvalResult], list[DiagnosticResult]]:
-    from langchain_tag.evaluation import harness  # noqa: PLC0415 - heavy imports
+    from langchain_tag.evaluation import (  # noqa: PLC0415 - heavy imports
+        diagnostic,
+        embedding_cache,
+        methods,
+        runner,
+        tasks,
+    )
 
     names, patterns = selection
-    embeddings = harness.shared_embeddings(
+    embeddings = embedding_cache.shared_embeddings(
         cache=None if args.no_embedding_cache else args.embedding_cache
     )
     started = time.perf_counter()
@@ -196,19 +207,19 @@ def _evaluate(
     diagnostics: list[DiagnosticResult] = []
     for name in names:
         chosen = (
-            harness.standard_methods(name)
+            methods.standard_methods(name)
             if patterns is None
-            else harness.select_methods(
-                harness.standard_methods(name), patterns, strict=False
+            else methods.select_methods(
+                methods.standard_methods(name), patterns, strict=False
             )
         )
         if not chosen:
             continue
-        task = harness.load_task(
+        task = tasks.load_task(
             name, data_dir, pep8_rulebook=args.pep8_rulebook
         ).limited(args.limit)
         results += asyncio.run(
-            harness.aevaluate(
+            runner.aevaluate(
                 task,
                 methods=[m.name for m in chosen],
                 judge_model=models[0],
@@ -221,7 +232,7 @@ def _evaluate(
         )
         kinds = [m.scorer for m in chosen if m.scorer is not None]
         if kinds:
-            diagnostics += harness.diagnose(task, embeddings, kinds)
+            diagnostics += diagnostic.diagnose(task, embeddings, kinds)
     return results, diagnostics
 
 

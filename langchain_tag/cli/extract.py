@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from langchain_tag._text import describe_error
-from langchain_tag.cli.errors import CommandError, model_failed
+from langchain_tag.cli.errors import CommandError, at_least, model_failed
 from langchain_tag.rules import wide_encoding
 
 if TYPE_CHECKING:
@@ -54,8 +55,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     extract.add_argument(
         "--no-checkpoint", action="store_true", help="keep no checkpoint or cache"
     )
-    extract.add_argument("--max-concurrency", type=int, default=8)
-    extract.add_argument("--max-section-tokens", type=int, default=1500)
+    extract.add_argument("--max-concurrency", type=at_least(1), default=8)
+    extract.add_argument("--max-section-tokens", type=at_least(1), default=1500)
     extract.add_argument(
         "--faithfulness", choices=["corrected", "literal"], default="corrected"
     )
@@ -112,6 +113,29 @@ def read_documents(paths: Sequence[str]) -> list[Document]:
     return documents
 
 
+def check_writable(path: Path) -> None:
+    """Refuse an output path that cannot be written, before any model call."""
+    problem = None
+    if path.is_dir():
+        problem = "is a directory; name the rulebook file, e.g. " + str(
+            path / "rulebook.json"
+        )
+    else:
+        parent = path.parent
+        existing = next(p for p in (parent, *parent.parents) if p.exists())
+        if not existing.is_dir():
+            problem = f"cannot be created: {existing} is not a directory"
+        else:
+            try:
+                with tempfile.NamedTemporaryFile(dir=existing, prefix=".tag-check-"):
+                    pass
+            except OSError as error:
+                problem = f"cannot be written ({error.strerror}); choose another path"
+    if problem is not None:
+        msg = f"-o {path}: {problem}. Nothing was extracted."
+        raise CommandError(msg)
+
+
 class Progress:
     """One status line per node on a terminal, one line per change otherwise."""
 
@@ -148,6 +172,7 @@ def extract_command(args: argparse.Namespace) -> int:
     )
     from langchain_tag.models import default_chat_model  # noqa: PLC0415
 
+    check_writable(Path(args.output))
     documents = read_documents(args.files)
     llm = default_chat_model(model=args.model) if args.model else default_chat_model()
     progress = None if args.quiet else Progress(sys.stderr)
@@ -182,7 +207,15 @@ def extract_command(args: argparse.Namespace) -> int:
     finally:
         if progress is not None:
             progress.close()
-    rulebook.save(args.output)
+    try:
+        rulebook.save(args.output)
+    except OSError as error:
+        msg = (
+            f"-o {args.output}: cannot be written ({error.strerror}). Every answer is "
+            "kept in the checkpoint: run again with another -o to write the rulebook "
+            "without new model calls."
+        )
+        raise CommandError(msg) from error
     print(ExtractionReport.model_validate(rulebook.diagnostics).format())  # noqa: T201
     print(f"\nwrote {len(rulebook)} rules to {args.output}")  # noqa: T201
     return 0

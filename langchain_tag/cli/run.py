@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from langchain_tag._text import describe_error
-from langchain_tag.cli.errors import CommandError, model_failed
+from langchain_tag.cli.errors import CommandError, at_least, model_failed, probability
 
 if TYPE_CHECKING:
     from langchain_core.callbacks import UsageMetadataCallbackHandler
@@ -29,8 +29,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run.add_argument(
         "--model", help="model name for the default ChatOpenAI (else $TAG_MODEL)"
     )
-    run.add_argument("-k", type=int, help="execute with at most K matched rules")
-    run.add_argument("--score-threshold", type=float)
+    run.add_argument(
+        "-k", type=at_least(0), help="execute with at most K matched rules"
+    )
+    run.add_argument(
+        "--score-threshold",
+        type=probability,
+        help="drop matches scoring below this (needs --logprobs)",
+    )
     run.add_argument(
         "--logprobs",
         action="store_true",
@@ -44,7 +50,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default="generic",
         help="executor template (generic, npov, code, nba)",
     )
-    run.add_argument("--max-concurrency", type=int, default=8)
+    run.add_argument(
+        "--on-error",
+        choices=["raise", "not_applicable"],
+        default="raise",
+        help="a judgment that still fails after its retries: stop (default), or go "
+        "on with that rule flagged as unjudged and not applied",
+    )
+    run.add_argument("--max-concurrency", type=at_least(1), default=8)
     run.set_defaults(handler=run_command)
 
 
@@ -52,7 +65,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run `tag run`."""
     from langchain_core.callbacks import UsageMetadataCallbackHandler  # noqa: PLC0415
 
-    from langchain_tag.models import default_chat_model  # noqa: PLC0415
+    from langchain_tag.models import CallRetry, default_chat_model  # noqa: PLC0415
     from langchain_tag.query_graph import QueryContext, build_query_graph  # noqa: PLC0415
     from langchain_tag.rules import Rulebook  # noqa: PLC0415
 
@@ -72,14 +85,22 @@ def run_command(args: argparse.Namespace) -> int:
                 logprobs=args.logprobs,
                 profile=args.profile,
                 template=args.template,
+                on_error=args.on_error,
             ),
         )
     except Exception as error:
         if not model_failed(error):
             raise
+        advice = (
+            "try again later"
+            if CallRetry().is_transient(error)
+            else "its answer cannot be read, and at temperature 0 asking again gives "
+            "the same answer: use a stronger model, or --on-error not_applicable to "
+            "go on with such rules flagged as unjudged"
+        )
         msg = (
             f"no answer: the model failed after its retries ({describe_error(error)}). "
-            "Nothing was assumed about any rule; try again later."
+            f"Nothing was assumed about any rule; {advice}."
         )
         raise CommandError(msg) from error
     seconds = time.perf_counter() - started
@@ -105,6 +126,11 @@ def _format_run(
     tokens_in = sum(u.get("input_tokens", 0) for u in usage.usage_metadata.values())
     tokens_out = sum(u.get("output_tokens", 0) for u in usage.usage_metadata.values())
     cost = output["cost"]
+    if cost.get("failed"):
+        lines.append(
+            f"  ({cost['failed']} judgment(s) failed and were treated as not "
+            "applicable: --on-error not_applicable)"
+        )
     lines += [
         "",
         "answer:",

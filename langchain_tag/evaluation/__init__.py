@@ -1,15 +1,22 @@
-"""Evaluation: data loaders, metrics, an oracle judge, and the mismatch diagnostic.
+"""Evaluation: tasks, methods, a runner that scores them with their cost, reports.
 
 - `datasets`: RuleArena-NBA, ObliQA and HumanEval from the shared data directory.
+- `tasks`: each task's inputs, what methods retrieve from, and its quality metrics.
+- `methods`: the methods compared (no retrieval ... TAG ... the oracle), as data.
+- `runner`: `aevaluate` runs methods over a task into `EvalResult` rows.
+- `report`: the results as Markdown, CSV and JSON, and a cost-quality plot.
 - `metrics`: rule-selection precision/recall/F1, Recall@k, MAP@k, ROC-AUC, and the
   prefilter size that keeps a share of the gold.
 - `oracle`: `OracleChatModel`, a judge that answers from gold labels (upper bounds).
 - `diagnostic`: how well similarity predicts applicability on a labelled set.
 - `humaneval`: run HumanEval checks in a subprocess and score code with pylint.
+- `embedding_cache`: embeddings shared by a run's methods, kept across runs.
+- `usage`: `CallCounter`, model calls and reported tokens.
 
-Importing this package does not load the diagnostic (it needs the prefilter's
-numpy and rank-bm25); `from langchain_tag.evaluation import mismatch_diagnostic`
-loads it on first use.
+Importing this package loads none of `tasks`, `methods`, `runner`, `report` or
+`diagnostic` (the executor, the baselines, the prefilter's numpy and rank-bm25);
+`from langchain_tag.evaluation import mismatch_diagnostic` loads the diagnostic on
+first use.
 """
 
 from importlib import import_module

@@ -7,17 +7,32 @@ similarity scorer gets anyway: ROC-AUC of its scores as a classifier of gold
 and 99% of the gold pairs. An AUC near 0.5 means similarity says nothing about
 applicability; a small N95 means a similarity prefilter in front of the judge is
 cheap to make safe.
+
+`diagnose` runs it for the prefilters' scorers on a task's inputs and gold rules.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field
 
+from langchain_tag.evaluation.embedding_cache import shared_embeddings
+from langchain_tag.evaluation.methods import PREFILTER_KINDS
 from langchain_tag.evaluation.metrics import n_for_recall, recall_at_k, roc_auc
+from langchain_tag.evaluation.tasks import EvalTask, TaskName
+from langchain_tag.matching import prefilters
 from langchain_tag.matching.prefilters import SimilarityScorer, rank_by_score
+
+__all__ = [
+    "DIAGNOSTIC_KS",
+    "DiagnosticResult",
+    "MismatchReport",
+    "diagnose",
+    "mismatch_diagnostic",
+]
 
 
 class MismatchReport(BaseModel):
@@ -62,7 +77,7 @@ def mismatch_diagnostic(
     Args:
         queries: `(query_id, text)` pairs.
         gold: Query id -> its gold unit ids (at least one each).
-        scorer: Scores every unit for a query (see `langchain_tag.prefilter`).
+        scorer: Scores every unit for a query (see `langchain_tag.matching.prefilters`).
         ks: The cut-offs for recall@k.
 
     Raises:
@@ -123,3 +138,55 @@ def mismatch_diagnostic(
         n_for_95_recall=n_for_recall(rankings, 0.95),
         n_for_99_recall=n_for_recall(rankings, 0.99),
     )
+
+
+class DiagnosticResult(BaseModel):
+    """How well one similarity scorer predicts the gold rules of a task's inputs."""
+
+    task: TaskName
+    scorer: prefilters.Method
+    report: MismatchReport
+
+
+DIAGNOSTIC_KS: Mapping[TaskName, tuple[int, ...]] = {
+    "nba": (5, 10, 20, 40),
+    "obliqa": (10, 25, 50, 100),
+    "humaneval": (10, 20, 40),
+}
+
+
+def diagnose(
+    task: EvalTask,
+    embeddings: Embeddings | None = None,
+    scorers: Iterable[prefilters.Method] = PREFILTER_KINDS,
+) -> list[DiagnosticResult]:
+    """The mismatch diagnostic of the prefilters' scorers on the task's gold labels.
+
+    For each scorer (dense, BM25, hybrid, as the prefilters rank rules): ROC-AUC of
+    similarity as a predictor of gold (input, rule) pairs, recall of the top k, and
+    the N a prefilter needs to keep 95% and 99% of the gold pairs. Empty for a task
+    without a rulebook or gold rule labels.
+    """
+    gold = task.gold_rules()
+    if task.rulebook is None or gold is None:
+        return []
+    items = prefilters.rule_items(task.rulebook)
+    wanted_kinds = set(scorers)
+    bm25 = prefilters.BM25Scorer(items)
+    built: dict[prefilters.Method, SimilarityScorer] = {"bm25": bm25}
+    if wanted_kinds & {"dense", "hybrid"}:
+        dense = prefilters.DenseScorer(items, shared_embeddings(embeddings))
+        built |= {"dense": dense, "hybrid": prefilters.HybridScorer(dense, bm25)}
+    queries = [(item.id, item.text) for item in task.items if gold[item.id]]
+    wanted = {item_id: set(rule_ids) for item_id, rule_ids in gold.items()}
+    return [
+        DiagnosticResult(
+            task=task.name,
+            scorer=kind,
+            report=mismatch_diagnostic(
+                queries, wanted, built[kind], DIAGNOSTIC_KS[task.name]
+            ),
+        )
+        for kind in PREFILTER_KINDS
+        if kind in wanted_kinds
+    ]

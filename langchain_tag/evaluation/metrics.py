@@ -14,6 +14,7 @@ Conventions, stated once:
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Collection, Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -100,6 +101,12 @@ def aggregate(scores: Sequence[SelectionScores]) -> AggregateScores:
         ),
         mean_predicted=sum(s.n_predicted for s in scores) / n,
     )
+
+
+def mean(values: Iterable[float]) -> float | None:
+    """The mean of `values`; None when there are none (nothing was measured)."""
+    found = list(values)
+    return statistics.fmean(found) if found else None
 
 
 def _top_k(ranked: Sequence[str], gold: Collection[str], k: int) -> list[str]:

@@ -17,12 +17,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from langchain_tag.evaluation.harness import (
-    TASKS,
-    DiagnosticResult,
-    EvalResult,
-    TaskName,
-)
+from langchain_tag.evaluation.diagnostic import DiagnosticResult
+from langchain_tag.evaluation.runner import EvalResult
+from langchain_tag.evaluation.tasks import METRICS, TASKS, TaskName
 
 __all__ = [
     "ReportFiles",
@@ -33,25 +30,6 @@ __all__ = [
     "write_json",
     "write_report",
 ]
-
-QUALITY_COLUMNS: dict[TaskName, tuple[tuple[str, str], ...]] = {
-    "nba": (
-        ("precision_macro", "P macro"),
-        ("recall_macro", "R macro"),
-        ("f1_macro", "F1 macro"),
-        ("precision_micro", "P micro"),
-        ("recall_micro", "R micro"),
-        ("f1_micro", "F1 micro"),
-        ("strict_accuracy", "strict acc."),
-    ),
-    "obliqa": (
-        ("recall_at_10", "Recall@10"),
-        ("map_at_10", "MAP@10"),
-        ("recall_returned", "recall (all returned)"),
-    ),
-    "humaneval": (("pass_at_1", "pass@1"), ("pylint", "pylint")),
-}
-"""Per task: (EvalResult field, column heading) of its quality metrics."""
 
 MAIN_METRICS: dict[TaskName, tuple[str, ...]] = {
     # The first one measured is plotted: end-task quality when an executor ran.
@@ -95,12 +73,12 @@ def _table(headings: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 
 
 def main_metric(task: TaskName, results: Sequence[EvalResult]) -> str | None:
-    """The quality field plotted for `task`: its first metric any method measured."""
+    """The quality metric plotted for `task`: its first one any method measured."""
     return next(
         (
             name
             for name in MAIN_METRICS[task]
-            if any(getattr(r, name) is not None for r in results)
+            if any(name in r.metrics for r in results)
         ),
         None,
     )
@@ -159,15 +137,13 @@ def _diagnostic_section(diagnostics: Sequence[DiagnosticResult]) -> str:
 def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
     ran = [r for r in rows if r.status == "ok"]
     quality = [
-        (name, heading)
-        for name, heading in QUALITY_COLUMNS[task]
-        if any(getattr(r, name) is not None for r in ran)
+        metric for metric in METRICS[task] if any(metric.key in r.metrics for r in ran)
     ]
     headings = [
         "method",
         "units",
         "n",
-        *(heading for _, heading in quality),
+        *(metric.heading for metric in quality),
         "LLM calls",
         "calls/input",
         "tokens in",
@@ -182,7 +158,7 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
             r.method,
             r.units,
             r.n,
-            *(getattr(r, name) for name, _ in quality),
+            *(r.metrics.get(metric.key) for metric in quality),
             r.llm_calls,
             r.calls_per_input,
             r.input_tokens,
@@ -219,7 +195,7 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
 def write_csv(results: Sequence[EvalResult], path: str | os.PathLike[str]) -> Path:
     """Every field of every result, one row each (notes joined by '; ')."""
     target = Path(path)
-    fields = list(EvalResult.model_fields)
+    fields = EvalResult.columns()
     with target.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
@@ -347,10 +323,10 @@ def _panel(
     names: dict[tuple[float, float], list[str]] = {}
     for family, colour in _FAMILY_COLOURS.items():
         points = [
-            (float(getattr(r, x_name)), float(getattr(r, metric)), r.method)
+            (float(getattr(r, x_name)), r.metrics[metric], r.method)
             for r in rows
             if r.family == family
-            and getattr(r, metric) is not None
+            and metric in r.metrics
             and getattr(r, x_name) is not None
         ]
         if not points:

@@ -24,10 +24,10 @@ import json
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations
-from typing import Annotated, Any
+from itertools import combinations, pairwise
+from typing import Annotated, Any, NamedTuple, TypeVar
 
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
@@ -38,7 +38,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import get_runtime
 from langgraph.types import Overwrite, Send
-from pydantic import ConfigDict
+from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import NotRequired, TypedDict
 
@@ -75,27 +75,22 @@ from langchain_tag.rules import (
     SourceSpan,
 )
 
-SPAN_DETECTION, DECOMPOSITION, OPERATIONALISATION, RELATIONS, VERIFICATION = (
-    1,
-    2,
-    3,
-    4,
-    5,
-)
-PHASE_NAMES = {
-    SPAN_DETECTION: "spans",
-    DECOMPOSITION: "atomics",
-    OPERATIONALISATION: "rules",
-    RELATIONS: "relations",
-    VERIFICATION: "verify",
+_T = TypeVar("_T")
+_R = TypeVar("_R", bound=BaseModel)
+
+SPAN_DETECTION, DECOMPOSITION, OPERATIONALISATION, RELATIONS, VERIFICATION = range(1, 6)
+REPORT_ROWS = {
+    "spans": SPAN_DETECTION,
+    "atomics": DECOMPOSITION,
+    "rules": OPERATIONALISATION,
+    "relations": RELATIONS,
+    "recovery": VERIFICATION,
+    "verify": VERIFICATION,
 }
-LLM_NODES = (
-    "detect_spans",
-    "decompose",
-    "operationalise",
-    "compare_rules",
-    "recover_rules",
-)
+"""The report's rows, in order, each with the phase whose skipping it reports."""
+INVOCATION_KEY = "tag_extraction_call"
+"""`configurable` key naming one `extract_rules` call. LLM nodes record it with each
+call, so the report of a resumed run counts the calls made before it as reused."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +159,9 @@ class ExtractionState(TypedDict, total=False):
     document_ids: list[str]
     sections: list[dict[str, Any]]
     raw: Annotated[dict[str, str], _merge]
-    usage: Annotated[dict[str, list[int]], _merge]
+    usage: Annotated[dict[str, list[Any]], _merge]
+    """Request key -> [input tokens, output tokens, `INVOCATION_KEY` of the call that
+    made it, or None when the answer came from the answer store]."""
     tallies: Annotated[dict[str, dict[str, int]], _merge]
     removed: list[dict[str, Any]]
     spans: list[dict[str, Any]]
@@ -209,65 +206,43 @@ def _model(settings: ExtractionSettings) -> BaseChatModel:
 
 
 def _request(
-    key: str,
-    messages: Sequence[Any],
-    state: ExtractionState,
-    settings: ExtractionSettings,
+    phase: _LLMPhase, key: str, batch: Any, state: ExtractionState
 ) -> ModelRequest:
-    system, user = (str(m.content) for m in messages)
-    cache_key = hashlib.sha256(
-        json.dumps([state["model_key"], settings.key(), system, user]).encode()
-    ).hexdigest()
+    system, user = (str(m.content) for m in phase.messages(batch, _domain(state)))
+    payload = json.dumps([state["model_key"], _settings().key(), system, user])
     return {
-        "key": key,
+        "key": f"{phase.prefix}:{key}",
         "system": system,
         "user": user,
-        "cache_key": cache_key,
+        "cache_key": hashlib.sha256(payload.encode()).hexdigest(),
     }
 
 
-# Request-key prefix -> the report row the call counts under.
-LLM_NODES_BY_PREFIX = {
-    "spans": "spans",
-    "atomics": "atomics",
-    "rules": "rules",
-    "relations": "relations",
-    "recover": "recovery",
-}
+def _invocation(config: RunnableConfig) -> str:
+    # "" when run by a LangGraph server, which sets no key: all calls count as made.
+    return str(config.get("configurable", {}).get(INVOCATION_KEY, ""))
 
 
-def _answered(request: ModelRequest, text: str, answer: Any = None) -> dict[str, Any]:
+def _answered(
+    request: ModelRequest, text: str, config: RunnableConfig, answer: Any = None
+) -> dict[str, Any]:
     """The node's writes; `answer` is the model's message, None for a stored answer."""
     usage = getattr(answer, "usage_metadata", None) or {}
+    made_by = None if answer is None else _invocation(config)
+    tokens = [usage.get("input_tokens", 0), usage.get("output_tokens", 0)]
     return {
         "raw": {request["key"]: text},
-        "usage": {
-            request["key"]: [
-                usage.get("input_tokens", 0),
-                usage.get("output_tokens", 0),
-                int(answer is not None),
-            ]
-        },
+        "usage": {request["key"]: [*tokens, made_by]},
     }
 
 
 # --- the LLM nodes (raw text only) ----------------------------------------------------
 
 
-# The list each LLM node's answer must hold, by request-key prefix.
-_ANSWER_LISTS = {
-    "spans": "spans",
-    "atomics": "atomic_units",
-    "rules": "rules",
-    "relations": "relations",
-    "recover": "rules",
-}
-
-
 def _storable(request: ModelRequest, text: str) -> bool:
     # An unreadable answer (empty, cut off, a refusal) is not kept, so the next run
     # asks again instead of losing the same section's rules for good.
-    return phases.readable(text, _ANSWER_LISTS[request["key"].split(":", 1)[0]])
+    return phases.readable(text, _phase_of(request["key"]).answer_list)
 
 
 # The answer is stored before the node returns: LangGraph saves a finished task's
@@ -276,43 +251,60 @@ def _call(request: ModelRequest, config: RunnableConfig) -> dict[str, Any]:
     settings = _settings()
     store, key = settings.answers, request["cache_key"]
     if store is not None and (stored := store.lookup(key)) is not None:
-        return _answered(request, stored)
+        return _answered(request, stored, config)
     messages = [SystemMessage(request["system"]), HumanMessage(request["user"])]
     answer = _model(settings).invoke(messages, config)
     if store is not None and _storable(request, answer.text):
         store.update(key, answer.text)
-    return _answered(request, answer.text, answer)
+    return _answered(request, answer.text, config, answer)
 
 
 async def _acall(request: ModelRequest, config: RunnableConfig) -> dict[str, Any]:
     settings = _settings()
     store, key = settings.answers, request["cache_key"]
     if store is not None and (stored := await store.alookup(key)) is not None:
-        return _answered(request, stored)
+        return _answered(request, stored, config)
     messages = [SystemMessage(request["system"]), HumanMessage(request["user"])]
     answer = await _model(settings).ainvoke(messages, config)
     if store is not None and _storable(request, answer.text):
         await store.aupdate(key, answer.text)
-    return _answered(request, answer.text, answer)
+    return _answered(request, answer.text, config, answer)
 
 
 # --- prepare -----------------------------------------------------------------------
+
+
+def _unique(base: str, taken: Container[str]) -> str:
+    """`base`, or else the first of `base-2`, `base-3`, ... not taken."""
+    candidate, n = base, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{base}-{n}"
+    return candidate
 
 
 def _document_ids(documents: Sequence[Document]) -> list[str]:
     ids: list[str] = []
     for position, doc in enumerate(documents, 1):
         source = doc.metadata.get("source")
-        base = doc.id or (
-            re.sub(r"\.[^./]+$", "", str(source).rsplit("/", 1)[-1]) if source else ""
-        )
-        base = base or f"document-{position}"
-        candidate, n = base, 1
-        while candidate in ids:
-            n += 1
-            candidate = f"{base}-{n}"
-        ids.append(candidate)
+        name = str(source).rsplit("/", 1)[-1] if source else ""
+        stem = re.sub(r"\.[^./]+$", "", name)
+        ids.append(_unique(doc.id or stem or f"document-{position}", ids))
     return ids
+
+
+def source_documents(documents: Sequence[Document]) -> list[SourceDocument]:
+    """The documents as a rulebook extracted from them records them.
+
+    A document's id is its `Document.id`, else its source's file name without the
+    suffix, else `document-<position>`; a repeated id gets `-2`, `-3`, ...
+    """
+    return [
+        SourceDocument.from_text(
+            document_id, doc.page_content, source=doc.metadata.get("source")
+        )
+        for document_id, doc in zip(_document_ids(documents), documents, strict=True)
+    ]
 
 
 def prepare(state: ExtractionState) -> dict[str, Any]:
@@ -334,7 +326,7 @@ def prepare(state: ExtractionState) -> dict[str, Any]:
         "started": time.time(),
         "model_key": model_identity(_model(settings)),
         "document_ids": ids,
-        "sections": [s.model_dump(mode="json") for s in sections],
+        "sections": _dump(sections),
         # A thread may be reused for new documents: start the merged channels empty.
         "raw": Overwrite({}),
         "usage": Overwrite({}),
@@ -347,142 +339,45 @@ def _sections(state: ExtractionState) -> list[Section]:
     return [Section.model_validate(s) for s in state.get("sections", [])]
 
 
-def _fan_out(
-    state: ExtractionState,
-    node: str,
-    requests: Iterable[tuple[str, list[BaseMessage]]],
-    otherwise: str,
-) -> list[Send] | str:
-    """One `Send` to `node` per (key, messages); `otherwise` when there is none."""
-    settings = _settings()
-    sends = [
-        Send(node, _request(key, messages, state, settings))
-        for key, messages in requests
-    ]
-    return sends or otherwise
-
-
-def _domain(state: ExtractionState) -> str:
-    return state.get("domain") or DEFAULT_DOMAIN
-
-
-def to_spans(state: ExtractionState) -> list[Send] | str:
-    """One phase-1 call per section."""
-    if SPAN_DETECTION in _settings().skip_phases:
-        return "plan_atomics"
-    requests = (
-        (f"spans:{s.section_id}", phases.span_messages(s, _domain(state)))
-        for s in _sections(state)
-    )
-    return _fan_out(state, "detect_spans", requests, "plan_atomics")
-
-
-# --- the plan nodes: validate raw outputs, fan out the next phase ---------------------
-
-
-def plan_atomics(state: ExtractionState) -> dict[str, Any]:
-    """Phase-1 outputs -> located spans (whole paragraphs when phase 1 is skipped)."""
-    settings = _settings()
-    tally: Counter[str] = Counter()
-    spans: list[SpanRecord] = []
-    for section in _sections(state):
-        if SPAN_DETECTION in settings.skip_phases:
-            spans += phases.whole_section_spans(section)
-            continue
-        raw = state["raw"].get(f"spans:{section.section_id}", "")
-        spans += phases.read_spans(raw, section, tally)
-    return {
-        "spans": [s.model_dump(mode="json") for s in spans],
-        "tallies": {"spans": dict(tally)},
-    }
-
-
-def _by_section(records: Sequence[Any]) -> dict[str, list[Any]]:
-    grouped: dict[str, list[Any]] = defaultdict(list)
-    for record in records:
-        grouped[record.section_id].append(record)
-    return grouped
-
-
 def _spans(state: ExtractionState) -> list[SpanRecord]:
     return [SpanRecord.model_validate(s) for s in state.get("spans", [])]
-
-
-def to_atomics(state: ExtractionState) -> list[Send] | str:
-    """One phase-2 call per section with spans."""
-    if DECOMPOSITION in _settings().skip_phases:
-        return "plan_rules"
-    requests = (
-        (f"atomics:{section_id}", phases.atomic_messages(spans, _domain(state)))
-        for section_id, spans in _by_section(_spans(state)).items()
-    )
-    return _fan_out(state, "decompose", requests, "plan_rules")
-
-
-def plan_rules(state: ExtractionState) -> dict[str, Any]:
-    """Phase-2 outputs -> atomic units (spans as units when phase 2 is skipped)."""
-    settings = _settings()
-    tally: Counter[str] = Counter()
-    atomics: list[AtomicRecord] = []
-    for section_id, spans in _by_section(_spans(state)).items():
-        if DECOMPOSITION in settings.skip_phases:
-            atomics += [phases.atomic_from_span(s, n) for n, s in enumerate(spans, 1)]
-            continue
-        raw = state["raw"].get(f"atomics:{section_id}", "")
-        atomics += phases.read_atomics(raw, spans, tally)
-    return {
-        "atomics": [a.model_dump(mode="json") for a in atomics],
-        "tallies": {"atomics": dict(tally)},
-    }
 
 
 def _atomics(state: ExtractionState) -> list[AtomicRecord]:
     return [AtomicRecord.model_validate(a) for a in state.get("atomics", [])]
 
 
-def _unit_batches(
-    atomics: Sequence[AtomicRecord], size: int
-) -> list[tuple[str, Sequence[AtomicRecord]]]:
-    keyed = []
-    for section_id, units in _by_section(atomics).items():
-        for n, batch in enumerate(batches(units, size)):
-            keyed.append((f"{section_id}:{n}", batch))
-    return keyed
-
-
-def to_rules(state: ExtractionState) -> list[Send] | str:
-    """Phase-3 calls per batch of units of one section."""
-    settings = _settings()
-    if OPERATIONALISATION in settings.skip_phases:
-        return "plan_relations"
-    requests = (
-        (f"rules:{key}", phases.rule_messages(batch, _domain(state)))
-        for key, batch in _unit_batches(_atomics(state), settings.units_per_call)
-    )
-    return _fan_out(state, "operationalise", requests, "plan_relations")
-
-
-def plan_relations(state: ExtractionState) -> dict[str, Any]:
-    """Phase-3 outputs -> draft rules (units verbatim when phase 3 is skipped)."""
-    settings = _settings()
-    tally: Counter[str] = Counter()
-    spans = {s.span_id: s for s in _spans(state)}
-    drafts: list[DraftRule] = []
-    for key, batch in _unit_batches(_atomics(state), settings.units_per_call):
-        if OPERATIONALISATION in settings.skip_phases:
-            drafts += [phases.draft_from_atomic(a, spans.get(a.span_id)) for a in batch]
-            continue
-        drafts += phases.read_rules(
-            state["raw"].get(f"rules:{key}", ""), batch, spans, tally
-        )
-    return {
-        "drafts": [d.model_dump(mode="json") for d in drafts],
-        "tallies": {"rules": dict(tally)},
-    }
-
-
 def _drafts(state: ExtractionState) -> list[DraftRule]:
     return [DraftRule.model_validate(d) for d in state.get("drafts", [])]
+
+
+def _domain(state: ExtractionState) -> str:
+    return state.get("domain") or DEFAULT_DOMAIN
+
+
+def _by(field: str, records: Iterable[_T]) -> dict[str, list[_T]]:
+    """Records grouped by the value of one of their fields, in order."""
+    grouped: dict[str, list[_T]] = defaultdict(list)
+    for record in records:
+        grouped[getattr(record, field)].append(record)
+    return grouped
+
+
+def _as_units(spans: Sequence[SpanRecord]) -> list[AtomicRecord]:
+    return [phases.atomic_from_span(s, n) for n, s in enumerate(spans, 1)]
+
+
+# --- the LLM phases: their batches, and the edges that fan them out -------------------
+
+
+def _unit_batches(
+    state: ExtractionState, settings: ExtractionSettings
+) -> list[tuple[str, Sequence[AtomicRecord]]]:
+    return [
+        (f"{section_id}:{n}", batch)
+        for section_id, units in _by("section_id", _atomics(state)).items()
+        for n, batch in enumerate(batches(units, settings.units_per_call))
+    ]
 
 
 def tag_groups(
@@ -494,10 +389,7 @@ def tag_groups(
     pair of chunks is one group, so every pair of rules sharing the tag meets in at
     least one call.
     """
-    by_tag: dict[str, list[DraftRule]] = defaultdict(list)
-    for draft in drafts:
-        for tag in draft.tags:
-            by_tag[tag].append(draft)
+    by_tag = _by_tag(drafts)
     groups = []
     for tag in sorted(by_tag):
         members = by_tag[tag]
@@ -515,25 +407,173 @@ def tag_groups(
 def shared_tag_pairs(drafts: Sequence[DraftRule]) -> int:
     """Number of distinct rule pairs that share at least one tag."""
     pairs: set[tuple[str, str]] = set()
-    by_tag: dict[str, list[str]] = defaultdict(list)
-    for draft in drafts:
-        for tag in draft.tags:
-            by_tag[tag].append(draft.draft_id)
-    for members in by_tag.values():
-        pairs.update(combinations(sorted(members), 2))
+    for members in _by_tag(drafts).values():
+        pairs.update(combinations(sorted(d.draft_id for d in members), 2))
     return len(pairs)
 
 
-def to_relations(state: ExtractionState) -> list[Send] | str:
-    """Phase-4 calls per group of rules sharing a tag (never all M(M-1)/2 pairs)."""
+def _by_tag(drafts: Sequence[DraftRule]) -> dict[str, list[DraftRule]]:
+    by_tag: dict[str, list[DraftRule]] = defaultdict(list)
+    for draft in drafts:
+        for tag in draft.tags:
+            by_tag[tag].append(draft)
+    return by_tag
+
+
+def _recovery_batches(
+    state: ExtractionState, _: ExtractionSettings
+) -> list[tuple[str, list[AtomicRecord]]]:
+    uncovered = [SpanRecord.model_validate(s) for s in state.get("uncovered", [])]
+    return [
+        (key, _as_units(spans)) for key, spans in _by("section_id", uncovered).items()
+    ]
+
+
+class _LLMPhase(NamedTuple):
+    """An LLM phase: its node, its batches and their prompt, how it is reported."""
+
+    prefix: str  # request keys are "<prefix>:<batch key>"
+    node: str
+    row: str  # the report row its calls count under
+    answer_list: str  # what its answer must hold to be kept in the answer store
+    skipped_with: tuple[int, ...]
+    batches: Callable[[ExtractionState, ExtractionSettings], Iterable[tuple[str, Any]]]
+    messages: Callable[[Any, str], list[BaseMessage]]
+
+    def skipped(self, settings: ExtractionSettings) -> bool:
+        return not settings.skip_phases.isdisjoint(self.skipped_with)
+
+
+# In graph order: each phase runs between two of `_STEPS` (see the graph below).
+_SPANS, _ATOMICS, _RULES, _RELATIONS, _RECOVER = _LLM_PHASES = (
+    _LLMPhase(
+        prefix="spans",  # one call per section
+        node="detect_spans",
+        row="spans",
+        answer_list="spans",
+        skipped_with=(SPAN_DETECTION,),
+        batches=lambda state, _: [(s.section_id, s) for s in _sections(state)],
+        messages=phases.span_messages,
+    ),
+    _LLMPhase(
+        prefix="atomics",  # one call per section with spans
+        node="decompose",
+        row="atomics",
+        answer_list="atomic_units",
+        skipped_with=(DECOMPOSITION,),
+        batches=lambda state, _: _by("section_id", _spans(state)).items(),
+        messages=phases.atomic_messages,
+    ),
+    _LLMPhase(
+        prefix="rules",  # calls per batch of units of one section
+        node="operationalise",
+        row="rules",
+        answer_list="rules",
+        skipped_with=(OPERATIONALISATION,),
+        batches=_unit_batches,
+        messages=phases.rule_messages,
+    ),
+    _LLMPhase(
+        prefix="relations",  # calls per group sharing a tag, never all M(M-1)/2 pairs
+        node="compare_rules",
+        row="relations",
+        answer_list="relations",
+        skipped_with=(RELATIONS,),
+        batches=lambda state, settings: tag_groups(
+            _drafts(state), settings.rules_per_comparison
+        ),
+        messages=phases.relation_messages,
+    ),
+    _LLMPhase(
+        prefix="recover",  # uncovered spans go back through phase 3 once
+        node="recover_rules",
+        row="recovery",
+        answer_list="rules",
+        skipped_with=(OPERATIONALISATION, VERIFICATION),
+        batches=_recovery_batches,
+        messages=phases.rule_messages,
+    ),
+)
+
+
+def _phase_of(request_key: str) -> _LLMPhase:
+    prefix = request_key.split(":", 1)[0]
+    return next(phase for phase in _LLM_PHASES if phase.prefix == prefix)
+
+
+def _router(
+    phase: _LLMPhase, then: str
+) -> Callable[[ExtractionState], list[Send] | str]:
+    """The edge into a phase: a `Send` per batch, else (or if skipped) on to `then`."""
+
+    def route(state: ExtractionState) -> list[Send] | str:
+        settings = _settings()
+        if phase.skipped(settings):
+            return then
+        sends = [
+            Send(phase.node, _request(phase, key, batch, state))
+            for key, batch in phase.batches(state, settings)
+        ]
+        return sends or then
+
+    route.__name__ = f"to_{phase.row}"  # how traces name the edge
+    return route
+
+
+# --- the plan nodes: validate raw outputs, fan out the next phase ---------------------
+
+
+def _read(
+    state: ExtractionState,
+    phase: _LLMPhase,
+    read: Callable[[str, Any, Counter[str]], Sequence[_R]],
+    stand_in: Callable[[Any], Sequence[_R]] = lambda _: (),
+) -> tuple[list[_R], Counter[str]]:
+    """Each batch's answer read, and the tally of kept items and problems.
+
+    A skipped phase has no answers: `stand_in` makes each batch's records instead.
+    """
     settings = _settings()
-    if RELATIONS in settings.skip_phases:
-        return "verify"
-    requests = (
-        (f"relations:{key}", phases.relation_messages(group, _domain(state)))
-        for key, group in tag_groups(_drafts(state), settings.rules_per_comparison)
+    tally: Counter[str] = Counter()
+    records: list[_R] = []
+    for key, batch in phase.batches(state, settings):
+        if phase.skipped(settings):
+            records += stand_in(batch)
+            continue
+        found = read(state["raw"].get(f"{phase.prefix}:{key}", ""), batch, tally)
+        tally["kept"] += len(found)
+        records += found
+    return records, tally
+
+
+def _dump(records: Iterable[BaseModel]) -> list[dict[str, Any]]:
+    return [r.model_dump(mode="json") for r in records]
+
+
+def plan_atomics(state: ExtractionState) -> dict[str, Any]:
+    """Phase-1 outputs -> located spans (whole paragraphs when phase 1 is skipped)."""
+    spans, tally = _read(state, _SPANS, phases.read_spans, phases.whole_section_spans)
+    return {"spans": _dump(spans), "tallies": {"spans": dict(tally)}}
+
+
+def plan_rules(state: ExtractionState) -> dict[str, Any]:
+    """Phase-2 outputs -> atomic units (spans as units when phase 2 is skipped)."""
+    atomics, tally = _read(state, _ATOMICS, phases.read_atomics, _as_units)
+    return {"atomics": _dump(atomics), "tallies": {"atomics": dict(tally)}}
+
+
+def plan_relations(state: ExtractionState) -> dict[str, Any]:
+    """Phase-3 outputs -> draft rules (units verbatim when phase 3 is skipped)."""
+    spans = {s.span_id: s for s in _spans(state)}
+    drafts, tally = _read(
+        state,
+        _RULES,
+        lambda raw, units, tally: phases.read_rules(raw, units, spans, tally),
+        lambda units: [
+            phases.draft_from_atomic(a, spans.get(a.span_id)) for a in units
+        ],
     )
-    return _fan_out(state, "compare_rules", requests, "verify")
+    return {"drafts": _dump(drafts), "tallies": {"rules": dict(tally)}}
 
 
 # --- phase 4 applied, phase 5 ---------------------------------------------------------
@@ -560,6 +600,11 @@ class _UnionFind:
         self.parent[root_b] = root_a
 
 
+def _joined(group: Sequence[DraftRule], field: str) -> list[str]:
+    """A tuple field of the drafts, joined: each value once, in order."""
+    return list(dict.fromkeys(x for d in group for x in getattr(d, field)))
+
+
 def _merge_duplicates(
     drafts: list[DraftRule], relations: list[RelationRecord]
 ) -> tuple[list[dict[str, Any]], int]:
@@ -580,41 +625,21 @@ def _merge_duplicates(
         if a == b:
             continue
         for here, there in ((a, b), (b, a)):
-            links[here].setdefault(
-                (rel.relationship, there),
-                {
-                    "relationship": rel.relationship,
-                    "other": there,
-                    "preferred_action": rel.preferred_action,
-                    "explanation": rel.explanation,
-                },
-            )
+            link = rel.model_dump(exclude={"rule_i", "rule_j"}) | {"other": there}
+            links[here].setdefault((rel.relationship, there), link)
     merged = []
     for root, group in members.items():
-        head = group[0]
-        tags = tuple(dict.fromkeys(t for d in group for t in d.tags))[: phases.MAX_TAGS]
         merged.append(
             {
-                **head.model_dump(mode="json"),
-                "tags": list(tags),
-                "span_ids": list(dict.fromkeys(s for d in group for s in d.span_ids)),
-                "atomic_ids": list(
-                    dict.fromkeys(a for d in group for a in d.atomic_ids)
-                ),
+                **group[0].model_dump(mode="json"),
+                "tags": _joined(group, "tags")[: phases.MAX_TAGS],
+                "span_ids": _joined(group, "span_ids"),
+                "atomic_ids": _joined(group, "atomic_ids"),
                 "merged": [d.draft_id for d in group[1:]],
                 "links": list(links[root].values()),
             }
         )
     return merged, merges
-
-
-def _documents_text(state: ExtractionState) -> dict[str, str]:
-    return {
-        document_id: doc.page_content
-        for document_id, doc in zip(
-            state["document_ids"], state["documents"], strict=True
-        )
-    }
 
 
 @functools.lru_cache(maxsize=256)
@@ -624,14 +649,8 @@ def _checker(
     return FaithfulnessChecker(document, mode=mode, threshold=threshold)
 
 
-def _span_sections(state: ExtractionState) -> dict[str, Section]:
-    sections = {s.section_id: s for s in _sections(state)}
-    return {span.span_id: sections[span.section_id] for span in _spans(state)}
-
-
 def _own_regions(
-    rule: Mapping[str, Any],
-    span_sections: Mapping[str, Section],
+    rule: Mapping[str, Any], span_sections: Mapping[str, Section]
 ) -> list[tuple[str, int, int]]:
     """The sections a rule came from: where its source text must be found."""
     sections = {
@@ -644,8 +663,7 @@ def _own_regions(
 
 def _faithful(
     rules: Sequence[dict[str, Any]],
-    texts: Mapping[str, str],
-    span_sections: Mapping[str, Section],
+    state: ExtractionState,
     settings: ExtractionSettings,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Keep the rules whose source text is in (or close to) their own sections.
@@ -653,6 +671,10 @@ def _faithful(
     Searching only the rule's sections, not the whole document, gives a repeated
     sentence its own offsets and rejects a source quoted from somewhere else.
     """
+    contents = (d.page_content for d in state["documents"])
+    texts = dict(zip(state["document_ids"], contents, strict=True))
+    sections = {s.section_id: s for s in _sections(state)}
+    span_sections = {span.span_id: sections[span.section_id] for span in _spans(state)}
     kept, removed = [], []
     for rule in rules:
         best = None
@@ -699,12 +721,10 @@ def _uncovered(
         if rule.get("source") is not None:
             begin, end = rule["source"]
             located[rule["document_id"]].append((begin, end))
-        for span_id in rule["span_ids"]:
-            if span_id in by_id:
-                span = by_id[span_id]
-                located[span.document_id].append((span.start, span.end))
+        for span in (by_id[s] for s in rule["span_ids"] if s in by_id):
+            located[span.document_id].append((span.start, span.end))
     missing = []
-    for document_id, doc_spans in _group_by_document(spans).items():
+    for document_id, doc_spans in _by("document_id", spans).items():
         indices = coverage(
             [(s.start, s.end) for s in doc_spans],
             located.get(document_id, []),
@@ -714,60 +734,23 @@ def _uncovered(
     return missing
 
 
-def _group_by_document(spans: Sequence[SpanRecord]) -> dict[str, list[SpanRecord]]:
-    grouped: dict[str, list[SpanRecord]] = defaultdict(list)
-    for span in spans:
-        grouped[span.document_id].append(span)
-    return grouped
-
-
 def verify(state: ExtractionState) -> dict[str, Any]:
     """Apply phase 4 (merge duplicates, record relations), then phase-5 checks."""
     settings = _settings()
-    drafts = _drafts(state)
-    tally: Counter[str] = Counter()
-    relations: list[RelationRecord] = []
-    for key, group in tag_groups(drafts, settings.rules_per_comparison):
-        raw = state["raw"].get(f"relations:{key}")
-        if raw is not None:
-            relations += phases.read_relations(raw, group, tally)
-    merged, merges = _merge_duplicates(drafts, relations)
-    tallies: dict[str, dict[str, int]] = {
-        "relations": {**tally, "duplicates_merged": merges}
-    }
+    relations, tally = _read(state, _RELATIONS, phases.read_relations)
+    merged, merges = _merge_duplicates(_drafts(state), relations)
+    tallies = {"relations": {**tally, "duplicates_merged": merges}}
     if VERIFICATION in settings.skip_phases:
         return {"verified": merged, "uncovered": [], "tallies": tallies}
-    kept, removed = _faithful(
-        merged, _documents_text(state), _span_sections(state), settings
-    )
+    kept, removed = _faithful(merged, state, settings)
     uncovered = _uncovered(kept, _spans(state), settings.min_coverage_overlap)
     tallies["verify"] = {"unfaithful_removed": len(removed)}
     return {
         "removed": removed,
         "verified": kept,
-        "uncovered": [s.model_dump(mode="json") for s in uncovered],
+        "uncovered": _dump(uncovered),
         "tallies": tallies,
     }
-
-
-def _recovery_batches(state: ExtractionState) -> list[tuple[str, list[AtomicRecord]]]:
-    uncovered = [SpanRecord.model_validate(s) for s in state.get("uncovered", [])]
-    return [
-        (section_id, [phases.atomic_from_span(s, n) for n, s in enumerate(spans, 1)])
-        for section_id, spans in _by_section(uncovered).items()
-    ]
-
-
-def to_recovery(state: ExtractionState) -> list[Send] | str:
-    """Uncovered spans go back through phase 3 once."""
-    skipped = _settings().skip_phases
-    if OPERATIONALISATION in skipped or VERIFICATION in skipped:
-        return "finalize"
-    requests = (
-        (f"recover:{section_id}", phases.rule_messages(batch, _domain(state)))
-        for section_id, batch in _recovery_batches(state)
-    )
-    return _fan_out(state, "recover_rules", requests, "finalize")
 
 
 # --- finalize ---------------------------------------------------------------------
@@ -782,12 +765,9 @@ def _rule_ids(rules: Sequence[dict[str, Any]]) -> dict[str, str]:
                 [rule["document_id"], rule["condition"], rule["action"]]
             ).encode()
         ).hexdigest()[:8]
-        candidate, n = f"{slug(rule['document_id'], 'rule', 24)}-{digest}", 1
-        while candidate in used:
-            n += 1
-            candidate = f"{slug(rule['document_id'], 'rule', 24)}-{digest}-{n}"
-        used.add(candidate)
-        ids[rule["draft_id"]] = candidate
+        rule_id = _unique(f"{slug(rule['document_id'], 'rule', 24)}-{digest}", used)
+        ids[rule["draft_id"]] = rule_id
+        used.add(rule_id)
     return ids
 
 
@@ -838,56 +818,44 @@ def _to_rule(
     )
 
 
-def finalize(state: ExtractionState) -> dict[str, Any]:
+def finalize(state: ExtractionState, config: RunnableConfig) -> dict[str, Any]:
     """Verify recovered rules, measure coverage and independence, build the rulebook."""
     settings = _settings()
     spans = _spans(state)
     by_span = {s.span_id: s for s in spans}
-    tally: Counter[str] = Counter()
-    recovered: list[dict[str, Any]] = []
-    for section_id, batch in _recovery_batches(state):
-        raw = state["raw"].get(f"recover:{section_id}", "")
-        drafts = phases.read_rules(raw, batch, by_span, tally)
-        recovered += [
-            {
-                **d.model_dump(mode="json"),
-                "draft_id": f"{d.draft_id}/recovered",
-                "merged": [],
-                "links": [],
-            }
-            for d in drafts
-        ]
+    drafts, tally = _read(
+        state,
+        _RECOVER,
+        lambda raw, units, tally: phases.read_rules(raw, units, by_span, tally),
+    )
+    recovered = [
+        {
+            **d.model_dump(mode="json"),
+            "draft_id": f"{d.draft_id}/recovered",
+            "merged": [],
+            "links": [],
+        }
+        for d in drafts
+    ]
     rules = list(state.get("verified", []))
     removed = list(state.get("removed", []))
     still_uncovered: list[SpanRecord] = []
     if VERIFICATION not in settings.skip_phases:
-        kept, lost = _faithful(
-            recovered, _documents_text(state), _span_sections(state), settings
-        )
+        kept, lost = _faithful(recovered, state, settings)
         rules += kept
         removed += lost
         tally["recovered_faithful"] = len(kept)
         still_uncovered = _uncovered(rules, spans, settings.min_coverage_overlap)
     ids = _rule_ids(rules)
     final = [_to_rule(rule, ids, by_span) for rule in rules]
-    names = independence([r.name for r in final])
-    report = _report(state, settings, final, removed, recovered, still_uncovered, tally)
-    report = report.model_copy(
-        update={"independence": names.ratio, "shared_names": dict(names.shared_names)}
+    report = _report(
+        state, config, settings, final, removed, recovered, still_uncovered, tally
     )
-    documents = [
-        SourceDocument.from_text(
-            document_id, doc.page_content, source=doc.metadata.get("source")
-        )
-        for document_id, doc in zip(
-            state["document_ids"], state["documents"], strict=True
-        )
-    ]
     rulebook = {
         "format_version": FORMAT_VERSION,
         "domain": _domain(state),
-        "rules": [r.model_dump(mode="json") for r in final],
-        "documents": [d.model_dump(mode="json") for d in documents],
+        "rules": _dump(final),
+        "documents": _dump(source_documents(state["documents"])),
         "diagnostics": report.model_dump(mode="json"),
     }
     return {"rulebook": rulebook, "report": report.model_dump(mode="json")}
@@ -895,6 +863,7 @@ def finalize(state: ExtractionState) -> dict[str, Any]:
 
 def _report(
     state: ExtractionState,
+    config: RunnableConfig,
     settings: ExtractionSettings,
     final: Sequence[Rule],
     removed: list[dict[str, Any]],
@@ -904,36 +873,38 @@ def _report(
 ) -> ExtractionReport:
     tallies = {**state.get("tallies", {}), "recovery": dict(recovery_tally)}
     drafts = _drafts(state)
-    calls: Counter[str] = Counter()
-    stored: Counter[str] = Counter()
+    invocation = _invocation(config)
+    made: Counter[str] = Counter()
+    reused: Counter[str] = Counter()
     tokens: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for key, (tokens_in, tokens_out, called) in state.get("usage", {}).items():
-        phase = LLM_NODES_BY_PREFIX[key.split(":", 1)[0]]
-        calls[phase] += called
-        stored[phase] += 1 - called
-        tokens[phase][0] += tokens_in
-        tokens[phase][1] += tokens_out
-    numbers = {name: number for number, name in PHASE_NAMES.items()}
-    numbers["recovery"] = VERIFICATION
+    for key, (tokens_in, tokens_out, made_by) in state.get("usage", {}).items():
+        row = _phase_of(key).row
+        # Answers from the store, and calls made before the run was resumed.
+        if made_by != invocation:
+            reused[row] += 1
+            continue
+        made[row] += 1
+        tokens[row][0] += tokens_in
+        tokens[row][1] += tokens_out
     phase_reports = {}
-    for name in ("spans", "atomics", "rules", "relations", "recovery", "verify"):
-        counts = dict(tallies.get(name, {}))
-        items_out = counts.pop("kept", 0)
+    for name, number in REPORT_ROWS.items():
+        problems = dict(tallies.get(name, {}))
+        items_out = problems.pop("kept", 0)
         phase_reports[name] = PhaseReport(
-            calls=calls[name],
-            stored_answers=stored[name],
+            calls=made[name],
+            stored_answers=reused[name],
             input_tokens=tokens[name][0],
             output_tokens=tokens[name][1],
             items_out=len(final) if name == "verify" else items_out,
-            problems={k: v for k, v in counts.items() if v},
-            skipped=numbers[name] in settings.skip_phases,
+            problems={k: v for k, v in problems.items() if v},
+            skipped=number in settings.skip_phases,
         )
     relation_counts = Counter(
         link["relationship"]
         for rule in state.get("verified", [])
         for link in rule["links"]
     )
-    uncovered_before = len(state.get("uncovered", []))
+    names = independence([r.name for r in final])
     return ExtractionReport(
         domain=_domain(state),
         documents=len(state["documents"]),
@@ -953,17 +924,20 @@ def _report(
         faithful=len(final),
         unfaithful_removed=removed,
         coverage_spans=len(state.get("spans", [])),
-        uncovered_before_recovery=uncovered_before,
+        uncovered_before_recovery=len(state.get("uncovered", [])),
         recovered_rules=len(recovered),
         uncovered_after_recovery=[s.span_id for s in still_uncovered],
-        independence=1.0,
-        shared_names={},
+        independence=names.ratio,
+        shared_names=dict(names.shared_names),
         rules=len(final),
         seconds=time.time() - state.get("started", time.time()),
     )
 
 
 # --- the graph ---------------------------------------------------------------------
+
+_STEPS = (prepare, plan_atomics, plan_rules, plan_relations, verify, finalize)
+"""The nodes between the LLM phases: each of `_LLM_PHASES` runs between two."""
 
 
 def build_extraction_graph(
@@ -986,36 +960,22 @@ def build_extraction_graph(
         input_schema=ExtractionInput,
         output_schema=ExtractionOutput,
     )
-    builder.add_node("prepare", prepare)
-    for name in LLM_NODES:
+    builder.add_node(prepare)
+    for phase in _LLM_PHASES:
         builder.add_node(
-            name,
-            RunnableLambda(_call, afunc=_acall, name=name),
+            phase.node,
+            RunnableLambda(_call, afunc=_acall, name=phase.node),
             retry_policy=node_retry,
             input_schema=ModelRequest,
         )
-    builder.add_node("plan_atomics", plan_atomics)
-    builder.add_node("plan_rules", plan_rules)
-    builder.add_node("plan_relations", plan_relations)
-    builder.add_node("verify", verify)
-    builder.add_node("finalize", finalize)
-
-    builder.add_edge(START, "prepare")
-    builder.add_conditional_edges("prepare", to_spans, ["detect_spans", "plan_atomics"])
-    builder.add_edge("detect_spans", "plan_atomics")
-    builder.add_conditional_edges(
-        "plan_atomics", to_atomics, ["decompose", "plan_rules"]
-    )
-    builder.add_edge("decompose", "plan_rules")
-    builder.add_conditional_edges(
-        "plan_rules", to_rules, ["operationalise", "plan_relations"]
-    )
-    builder.add_edge("operationalise", "plan_relations")
-    builder.add_conditional_edges(
-        "plan_relations", to_relations, ["compare_rules", "verify"]
-    )
-    builder.add_edge("compare_rules", "verify")
-    builder.add_conditional_edges("verify", to_recovery, ["recover_rules", "finalize"])
-    builder.add_edge("recover_rules", "finalize")
-    builder.add_edge("finalize", END)
+    for step in _STEPS[1:]:
+        builder.add_node(step)
+    builder.add_edge(START, prepare.__name__)
+    for (before, after), phase in zip(pairwise(_STEPS), _LLM_PHASES, strict=True):
+        then = after.__name__
+        builder.add_conditional_edges(
+            before.__name__, _router(phase, then), [phase.node, then]
+        )
+        builder.add_edge(phase.node, then)
+    builder.add_edge(finalize.__name__, END)
     return builder.compile(checkpointer=checkpointer, name="tag_extraction")

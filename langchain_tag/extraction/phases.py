@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
@@ -46,12 +46,8 @@ class SpanItem(_Item):
     @classmethod
     def _known_type(cls, value: object) -> object:
         # An unknown label loses the label, not the span.
-        known = NormativeType.__args__  # type: ignore[attr-defined]
-        return (
-            value.strip().lower()
-            if isinstance(value, str) and (value.strip().lower() in known)
-            else None
-        )
+        label = value.strip().lower() if isinstance(value, str) else None
+        return label if label in NormativeType.__args__ else None  # type: ignore[attr-defined]
 
 
 class AtomicItem(_Item):
@@ -196,8 +192,19 @@ def read_items(
     return items
 
 
-def _messages(system: str, user: str, domain: str) -> list[BaseMessage]:
-    return [SystemMessage(system.format(domain=domain)), HumanMessage(user)]
+def _messages(system: str, user: str, domain: str, **fields: str) -> list[BaseMessage]:
+    return [
+        SystemMessage(system.format(domain=domain)),
+        HumanMessage(user.format(**fields)),
+    ]
+
+
+def _listing(
+    system: str, user: str, domain: str, **rows: Iterable[str]
+) -> list[BaseMessage]:
+    """A prompt listing records one a line; their text, from documents, escaped."""
+    fields = {name: escape_delimiters("\n".join(lines)) for name, lines in rows.items()}
+    return _messages(system, user, domain, **fields)
 
 
 def _referenced(
@@ -224,10 +231,10 @@ def span_messages(section: Section, domain: str) -> list[BaseMessage]:
     heading = " > ".join(section.heading_path) or "(none)"
     return _messages(
         prompts.SPAN_DETECTION_SYSTEM,
-        prompts.SPAN_DETECTION_USER.format(
-            heading=heading, section=escape_delimiters(section.text)
-        ),
+        prompts.SPAN_DETECTION_USER,
         domain,
+        heading=heading,
+        section=escape_delimiters(section.text),
     )
 
 
@@ -251,36 +258,37 @@ def read_spans(text: str, section: Section, tally: Counter[str]) -> list[SpanRec
             continue
         seen.add((start, end))
         records.append(
-            SpanRecord(
-                span_id=f"{section.section_id}/S-{len(records) + 1:03d}",
-                section_id=section.section_id,
-                document_id=section.document_id,
-                text=section.text[start:end],
-                start=section.start + start,
-                end=section.start + end,
+            _span(
+                section,
+                len(records) + 1,
+                start,
+                end,
                 normative_type=item.normative_type,
                 context_summary=item.context_summary,
             )
         )
-    tally["kept"] += len(records)
     return records
+
+
+def _span(
+    section: Section, number: int, start: int, end: int, **labels: Any
+) -> SpanRecord:
+    """The span at `start:end` of the section's text, numbered in the section."""
+    return SpanRecord(
+        span_id=f"{section.section_id}/S-{number:03d}",
+        section_id=section.section_id,
+        document_id=section.document_id,
+        text=section.text[start:end],
+        start=section.start + start,
+        end=section.start + end,
+        **labels,
+    )
 
 
 def whole_section_spans(section: Section) -> list[SpanRecord]:
     """Phase 1 skipped (ablation): every paragraph of the section is a span."""
-    records: list[SpanRecord] = []
-    for match in re.finditer(r"\S(?:.*?\S)?(?=\n\s*\n|\s*\Z)", section.text, re.DOTALL):
-        records.append(
-            SpanRecord(
-                span_id=f"{section.section_id}/S-{len(records) + 1:03d}",
-                section_id=section.section_id,
-                document_id=section.document_id,
-                text=match.group(0),
-                start=section.start + match.start(),
-                end=section.start + match.end(),
-            )
-        )
-    return records
+    paragraphs = re.finditer(r"\S(?:.*?\S)?(?=\n\s*\n|\s*\Z)", section.text, re.DOTALL)
+    return [_span(section, n, *m.span()) for n, m in enumerate(paragraphs, 1)]
 
 
 # --- phase 2 ----------------------------------------------------------------------
@@ -292,11 +300,11 @@ def _local(record_id: str) -> str:
 
 def atomic_messages(spans: Sequence[SpanRecord], domain: str) -> list[BaseMessage]:
     """Phase 2 prompt for the spans of one section."""
-    listing = "\n".join(f"{_local(s.span_id)}: {s.text}" for s in spans)
-    return _messages(
+    return _listing(
         prompts.DECOMPOSITION_SYSTEM,
-        prompts.DECOMPOSITION_USER.format(spans=escape_delimiters(listing)),
+        prompts.DECOMPOSITION_USER,
         domain,
+        spans=(f"{_local(s.span_id)}: {s.text}" for s in spans),
     )
 
 
@@ -312,23 +320,15 @@ def read_atomics(
         if span is None:
             continue
         covered.add(span.span_id)
+        unit = atomic_from_span(span, len(records) + 1)
         records.append(
-            AtomicRecord(
-                atomic_id=f"{span.section_id}/A-{len(records) + 1:03d}",
-                span_id=span.span_id,
-                section_id=span.section_id,
-                document_id=span.document_id,
-                text=item.text,
-                original_text=span.text,
-                was_split=item.was_split,
-            )
+            unit.model_copy(update={"text": item.text, "was_split": item.was_split})
         )
     # A span the model skipped still yields a unit: losing it would lose a rule.
     for span in spans:
         if span.span_id not in covered:
             tally["span_kept_whole"] += 1
             records.append(atomic_from_span(span, len(records) + 1))
-    tally["kept"] += len(records)
     return records
 
 
@@ -349,13 +349,11 @@ def atomic_from_span(span: SpanRecord, number: int) -> AtomicRecord:
 
 def rule_messages(atomics: Sequence[AtomicRecord], domain: str) -> list[BaseMessage]:
     """Phase 3 prompt for a batch of atomic units."""
-    listing = "\n".join(
-        f"{_local(a.atomic_id)}: {a.text} | {a.original_text}" for a in atomics
-    )
-    return _messages(
+    return _listing(
         prompts.OPERATIONALISATION_SYSTEM,
-        prompts.OPERATIONALISATION_USER.format(units=escape_delimiters(listing)),
+        prompts.OPERATIONALISATION_USER,
         domain,
+        units=(f"{_local(a.atomic_id)}: {a.text} | {a.original_text}" for a in atomics),
     )
 
 
@@ -376,23 +374,16 @@ def read_rules(
         if len(tags) > MAX_TAGS:
             tally["tags_truncated"] += 1
             tags = tags[:MAX_TAGS]
-        span = spans.get(atomic.span_id)
-        drafts.append(
-            DraftRule(
-                draft_id=f"{atomic.atomic_id}/R-{len(drafts) + 1}",
-                document_id=atomic.document_id,
-                section_id=atomic.section_id,
-                name=item.rule_name,
-                condition=item.condition,
-                action=item.action,
-                source_text=item.source_text or atomic.original_text,
-                tags=tags or ("general",),
-                span_ids=(atomic.span_id,),
-                atomic_ids=(atomic.atomic_id,),
-                normative_type=span.normative_type if span else None,
-            )
-        )
-    tally["kept"] += len(drafts)
+        draft = draft_from_atomic(atomic, spans.get(atomic.span_id))
+        update = {
+            "draft_id": f"{atomic.atomic_id}/R-{len(drafts) + 1}",
+            "name": item.rule_name,
+            "condition": item.condition,
+            "action": item.action,
+            "source_text": item.source_text or atomic.original_text,
+            "tags": tags or ("general",),
+        }
+        drafts.append(draft.model_copy(update=update))
     return drafts
 
 
@@ -419,13 +410,11 @@ def draft_from_atomic(atomic: AtomicRecord, span: SpanRecord | None) -> DraftRul
 
 def relation_messages(rules: Sequence[DraftRule], domain: str) -> list[BaseMessage]:
     """Phase 4 prompt for a group of rules that share a tag."""
-    listing = "\n".join(
-        f"{r.draft_id} | {r.name} | {r.condition} | {r.action}" for r in rules
-    )
-    return _messages(
+    return _listing(
         prompts.RELATIONS_SYSTEM,
-        prompts.RELATIONS_USER.format(rules=escape_delimiters(listing)),
+        prompts.RELATIONS_USER,
         domain,
+        rules=(f"{r.draft_id} | {r.name} | {r.condition} | {r.action}" for r in rules),
     )
 
 
@@ -442,14 +431,5 @@ def read_relations(
         if item.rule_i == item.rule_j:
             tally["dropped_self_pair"] += 1
             continue
-        records.append(
-            RelationRecord(
-                rule_i=item.rule_i,
-                rule_j=item.rule_j,
-                relationship=item.relationship,
-                preferred_action=item.preferred_action,
-                explanation=item.explanation,
-            )
-        )
-    tally["kept"] += len(records)
+        records.append(RelationRecord(**item.model_dump()))
     return records

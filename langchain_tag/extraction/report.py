@@ -13,12 +13,14 @@ from pydantic import BaseModel, Field
 class PhaseReport(BaseModel):
     """Counts for one phase."""
 
-    calls: int = Field(default=0, description="LLM calls made for this run.")
+    calls: int = Field(default=0, description="LLM calls this run sent to the model.")
     stored_answers: int = Field(
-        default=0, description="Answers reused from the answer store instead."
+        default=0,
+        description="Answers reused instead: from the answer store, or from calls "
+        "made before an interruption, by the run this one resumed.",
     )
-    input_tokens: int = 0
-    output_tokens: int = 0
+    input_tokens: int = Field(default=0, description="Of the calls this run made.")
+    output_tokens: int = Field(default=0, description="Of the calls this run made.")
     items_out: int = 0
     problems: dict[str, int] = Field(
         default_factory=dict,
@@ -66,7 +68,7 @@ class ExtractionReport(BaseModel):
     def format(self) -> str:
         """A plain-text summary for terminals and logs."""
         header = (
-            f"{'phase':<12}{'calls':>7}{'reused':>8}{'in tok':>9}{'out tok':>9}"
+            f"{'phase':<12}{'made':>7}{'reused':>8}{'in tok':>9}{'out tok':>9}"
             f"{'items':>8}"
         )
         lines = [
@@ -88,8 +90,11 @@ class ExtractionReport(BaseModel):
                 f"{phase.output_tokens:>9}{phase.items_out:>8}  {problems or '-'}"
             )
         relations = ", ".join(f"{k}={v}" for k, v in sorted(self.relations.items()))
+        made = sum(p.calls for p in self.phases.values())
+        reused = sum(p.stored_answers for p in self.phases.values())
         lines += [
             "",
+            f"LLM calls: {made} made, {reused} reused (answer store or resumed run)",
             (
                 f"phase 4: {self.pairs_compared} of {self.pairs_possible} possible "
                 f"pairs compared (shared tags); {self.duplicates_merged} duplicates "

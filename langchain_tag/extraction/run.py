@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import Document
@@ -24,18 +26,22 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import StateSnapshot
 
 from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache, VerdictCache
 from langchain_tag.extraction.graph import (
     DEFAULT_DOMAIN,
+    INVOCATION_KEY,
     ExtractionInput,
     ExtractionSettings,
     build_extraction_graph,
+    source_documents,
 )
 from langchain_tag.extraction.phases import unreadable_problem
 from langchain_tag.extraction.report import ExtractionReport
 from langchain_tag.models import CallRetry, default_chat_model, model_identity
-from langchain_tag.rules import Rulebook
+from langchain_tag.rules import Rulebook, SourceDocument
 
 DEFAULT_CHECKPOINT = Path(".langchain-tag") / "extraction.sqlite"
 """Where runs are checkpointed unless told otherwise (relative to the working dir)."""
@@ -93,6 +99,27 @@ def run_id_for(
     return "extract-" + hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
+def changed_documents(
+    recorded: Iterable[SourceDocument], documents: Iterable[Document | str]
+) -> dict[str, list[str]]:
+    """How `documents` differ from those a rulebook records, by document id.
+
+    The documents get the ids extraction would give them; content is compared by
+    SHA-256. Order and source paths are not compared: they change no rule.
+
+    Returns:
+        The ids "added", "removed" and "edited"; all lists empty for the same
+        documents.
+    """
+    before = {d.document_id: d.sha256 for d in recorded}
+    now = {d.document_id: d.sha256 for d in source_documents(_as_documents(documents))}
+    return {
+        "added": [i for i in now if i not in before],
+        "removed": [i for i in before if i not in now],
+        "edited": [i for i in now if i in before and now[i] != before[i]],
+    }
+
+
 ANSWERS_TABLE = "extraction_answers"
 
 
@@ -134,74 +161,97 @@ def _checkpoint_path(checkpoint: str | Path) -> Path:
     return path
 
 
-def _prepare(
-    documents: Iterable[Document | str],
-    llm: BaseChatModel | None,
-    skip_phases: Iterable[int],
-    settings: dict[str, Any],
-) -> tuple[list[Document], ExtractionSettings]:
-    docs = _as_documents(documents)
-    skipped = frozenset(skip_phases)
-    if not skipped <= {1, 2, 3, 4, 5}:
-        msg = f"skip_phases takes phase numbers 1-5, got {sorted(skipped)}."
-        raise ValueError(msg)
-    return docs, ExtractionSettings(
-        llm=llm or default_chat_model(), skip_phases=skipped, **settings
-    )
+@dataclass
+class _Run:
+    """One call of `extract_rules`: its input and settings, and its progress."""
 
+    input: ExtractionInput
+    settings: ExtractionSettings
+    on_progress: ProgressCallback | None
+    done: Counter[str] = field(default_factory=Counter)
 
-def _with_answers(
-    settings: ExtractionSettings, default: VerdictCache
-) -> ExtractionSettings:
-    """Settings whose answer store is the caller's, or else the checkpoint's."""
-    # Compared with None: a store has a length, and the caller's empty store (a
-    # first run) is still where its answers must go.
-    if settings.answers is not None:
-        return settings
-    return replace(settings, answers=default)
+    @classmethod
+    def start(
+        cls,
+        documents: Iterable[Document | str],
+        llm: BaseChatModel | None,
+        domain: str,
+        skip_phases: Iterable[int],
+        settings: dict[str, Any],
+        on_progress: ProgressCallback | None,
+    ) -> _Run:
+        docs = _as_documents(documents)
+        skipped = frozenset(skip_phases)
+        if not skipped <= {1, 2, 3, 4, 5}:
+            msg = f"skip_phases takes phase numbers 1-5, got {sorted(skipped)}."
+            raise ValueError(msg)
+        run_settings = ExtractionSettings(
+            llm=llm or default_chat_model(), skip_phases=skipped, **settings
+        )
+        key = run_id_for(docs, domain, run_settings)
+        run_input: ExtractionInput = {
+            "documents": docs,
+            "domain": domain,
+            "run_key": key,
+        }
+        return cls(run_input, run_settings, on_progress)
 
+    def config(
+        self, thread_id: str | None, max_concurrency: int, callbacks: Callbacks
+    ) -> RunnableConfig:
+        # A new invocation id each call: the report counts the calls made under it.
+        thread = thread_id or self.input["run_key"]
+        return {
+            "configurable": {"thread_id": thread, INVOCATION_KEY: uuid4().hex},
+            "max_concurrency": max_concurrency,
+            "callbacks": callbacks,
+        }
 
-def _config(
-    thread_id: str, max_concurrency: int, callbacks: Callbacks
-) -> RunnableConfig:
-    return {
-        "configurable": {"thread_id": thread_id},
-        "max_concurrency": max_concurrency,
-        "callbacks": callbacks,
-    }
+    def graph(
+        self,
+        saver: BaseCheckpointSaver[Any],
+        answers: VerdictCache,
+        retry: CallRetry | None,
+    ) -> CompiledStateGraph[Any, ExtractionSettings, Any, Any]:
+        """The graph on `saver`; answers go to the caller's store, else `answers`."""
+        # Compared with None: a store has a length, and the caller's empty store (a
+        # first run) is still where its answers must go.
+        if self.settings.answers is None:
+            self.settings = replace(self.settings, answers=answers)
+        return build_extraction_graph(checkpointer=saver, retry=retry)
 
+    def finished(self, values: dict[str, Any]) -> Rulebook | None:
+        """The thread's rulebook if it is this run's, with every answer readable.
 
-def _finished(values: dict[str, Any], run_key: str) -> bool:
-    """Whether the thread holds this run's rulebook, with every answer readable.
+        A run where some answers could not be read is run again: the readable
+        answers come back from the answer store and only the others are asked again.
+        """
+        if "rulebook" not in values or values.get("run_key") != self.input["run_key"]:
+            return None
+        rulebook = Rulebook.model_validate(values["rulebook"])
+        report = ExtractionReport.model_validate(rulebook.diagnostics)
+        problems = (p for phase in report.phases.values() for p in phase.problems)
+        return None if any(map(unreadable_problem, problems)) else rulebook
 
-    A run where some answers could not be read is run again: the readable answers
-    come back from the answer store and only the unreadable ones are asked again.
-    """
-    if "rulebook" not in values or values.get("run_key") != run_key:
-        return False
-    report = ExtractionReport.model_validate(values["rulebook"]["diagnostics"])
-    return not any(
-        unreadable_problem(problem)
-        for phase in report.phases.values()
-        for problem in phase.problems
-    )
+    def stream(self, snapshot: StateSnapshot, config: RunnableConfig) -> dict[str, Any]:
+        """The arguments of `stream`: no input resumes the thread's interrupted run."""
+        resume = (
+            snapshot.next and snapshot.values.get("run_key") == self.input["run_key"]
+        )
+        return {
+            "input": None if resume else self.input,
+            "config": config,
+            "context": self.settings,
+            "stream_mode": "updates",
+        }
 
-
-def _inputs(
-    pending: tuple[str, ...],
-    values: dict[str, Any],
-    documents: list[Document],
-    domain: str,
-    run_key: str,
-) -> ExtractionInput | None:
-    """None resumes the thread's interrupted run; new input starts a fresh one."""
-    if pending and values.get("run_key") == run_key:
-        return None
-    return {"documents": documents, "domain": domain, "run_key": run_key}
-
-
-def _finish(output: dict[str, Any]) -> Rulebook:
-    return Rulebook.model_validate(output["rulebook"])
+    def progress(self, update: dict[str, Any]) -> None:
+        for node in update:
+            if node.startswith("__"):
+                continue
+            self.done[node] += 1
+            if self.on_progress is not None:
+                self.on_progress(node, self.done[node])
 
 
 def extract_rules(
@@ -244,24 +294,21 @@ def extract_rules(
             `faithfulness_mode`, ...).
 
     Returns:
-        The rulebook; its `diagnostics` hold the `ExtractionReport`.
+        The rulebook; its `diagnostics` hold the `ExtractionReport`. Its calls are
+        those made by this call; answers from the store, and calls made before an
+        interruption this call resumed, are counted as reused. A finished run
+        returned at once keeps the report of the call that finished it.
     """
-    docs, run_settings = _prepare(documents, llm, skip_phases, settings)
-    run_key = run_id_for(docs, domain, run_settings)
-    config = _config(thread_id or run_key, max_concurrency, callbacks)
+    run = _Run.start(documents, llm, domain, skip_phases, settings, on_progress)
+    config = run.config(thread_id, max_concurrency, callbacks)
     with _persistence(checkpoint) as (saver, answers):
-        run_settings = _with_answers(run_settings, answers)
-        graph = build_extraction_graph(checkpointer=saver, retry=retry)
+        graph = run.graph(saver, answers, retry)
         snapshot = graph.get_state(config)
-        if _finished(snapshot.values, run_key):
-            return _finish(snapshot.values)
-        inputs = _inputs(snapshot.next, snapshot.values, docs, domain, run_key)
-        done: dict[str, int] = {}
-        for update in graph.stream(
-            inputs, config, context=run_settings, stream_mode="updates"
-        ):
-            _progress(update, done, on_progress)
-        return _finish(graph.get_state(config).values)
+        if (rulebook := run.finished(snapshot.values)) is not None:
+            return rulebook
+        for update in graph.stream(**run.stream(snapshot, config)):
+            run.progress(update)
+        return Rulebook.model_validate(graph.get_state(config).values["rulebook"])
 
 
 async def aextract_rules(
@@ -279,30 +326,14 @@ async def aextract_rules(
     **settings: Any,
 ) -> Rulebook:
     """Async `extract_rules`: the fan-out's LLM calls run on the event loop."""
-    docs, run_settings = _prepare(documents, llm, skip_phases, settings)
-    run_key = run_id_for(docs, domain, run_settings)
-    config = _config(thread_id or run_key, max_concurrency, callbacks)
+    run = _Run.start(documents, llm, domain, skip_phases, settings, on_progress)
+    config = run.config(thread_id, max_concurrency, callbacks)
     async with _apersistence(checkpoint) as (saver, answers):
-        run_settings = _with_answers(run_settings, answers)
-        graph = build_extraction_graph(checkpointer=saver, retry=retry)
+        graph = run.graph(saver, answers, retry)
         snapshot = await graph.aget_state(config)
-        if _finished(snapshot.values, run_key):
-            return _finish(snapshot.values)
-        inputs = _inputs(snapshot.next, snapshot.values, docs, domain, run_key)
-        done: dict[str, int] = {}
-        async for update in graph.astream(
-            inputs, config, context=run_settings, stream_mode="updates"
-        ):
-            _progress(update, done, on_progress)
-        return _finish((await graph.aget_state(config)).values)
-
-
-def _progress(
-    update: dict[str, Any], done: dict[str, int], on_progress: ProgressCallback | None
-) -> None:
-    for node in update:
-        if node.startswith("__"):
-            continue
-        done[node] = done.get(node, 0) + 1
-        if on_progress is not None:
-            on_progress(node, done[node])
+        if (rulebook := run.finished(snapshot.values)) is not None:
+            return rulebook
+        async for update in graph.astream(**run.stream(snapshot, config)):
+            run.progress(update)
+        state = await graph.aget_state(config)
+        return Rulebook.model_validate(state.values["rulebook"])

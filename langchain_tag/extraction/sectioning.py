@@ -370,20 +370,8 @@ def _markdown_structure(doc: _Doc) -> _Structure:
 _ADORNMENT_CHARS = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 _DIRECTIVE = re.compile(r"[ \t]*\.\.[ \t]+(\w[\w.+:-]*?)::(?:[ \t]|\Z)")
 _CODE_DIRECTIVES = frozenset(
-    {
-        "code",
-        "code-block",
-        "sourcecode",
-        "literalinclude",
-        "parsed-literal",
-        "doctest",
-        "testcode",
-        "testoutput",
-        "ipython",
-        "math",
-        "raw",
-        "productionlist",
-    }
+    "code code-block sourcecode literalinclude parsed-literal doctest testcode "  # noqa: SIM905
+    "testoutput ipython math raw productionlist".split()
 )
 
 
@@ -515,18 +503,8 @@ _KEYWORD_HEADING = re.compile(
 _NUMBERED_HEADING = re.compile(
     r"[ \t]{0,3}(?P<num>\d+(?:\.\d+)+\.?|\d+\.)(?:[ \t]+(?P<rest>\S.*?))?[ \t]*\Z"
 )
-_KEYWORD_LEVELS = {
-    "part": 1,
-    "appendix": 1,
-    "schedule": 1,
-    "annex": 1,
-    "exhibit": 1,
-    "chapter": 2,
-    "article": 3,
-    "section": 4,
-    "§": 4,
-    "rule": 5,
-}
+_KEYWORD_LEVELS = dict.fromkeys(("part", "appendix", "schedule", "annex", "exhibit"), 1)
+_KEYWORD_LEVELS |= {"chapter": 2, "article": 3, "section": 4, "§": 4, "rule": 5}
 _NUMBERED_BASE_LEVEL = 10  # numbered headings nest under keyword headings
 _MAX_KEYWORD_HEADING = 120
 _MAX_NUMBERED_HEADING = 80
@@ -693,53 +671,33 @@ def _blocks(doc: _Doc, structure: _Structure, first: int, stop: int) -> list[_Bl
 
 
 _BLANK_LINES = re.compile(r"(?:\r\n|\r|\n)(?:[^\S\r\n]*(?:\r\n|\r|\n))+")
-_SENTENCE_END = re.compile(r"[.;!?][\"'\u2019\u201d\u00bb)\]]*\s+")
-_LINE_TEXT = re.compile(r"[^\r\n]+")
-_WORD = re.compile(r"\S+")
-
-
-def _trimmed(text: str, start: int, end: int) -> tuple[int, int] | None:
-    """The span without trailing whitespace; None when it is all whitespace."""
-    chunk = text[start:end].rstrip()
-    return (start, start + len(chunk)) if chunk.strip() else None
+# Where each kind of piece is cut off from the next.
+_SEPARATORS = {
+    "paragraph": _BLANK_LINES,
+    "chunk": _BLANK_LINES,
+    "sentence": re.compile(r"[.;!?][\"'\u2019\u201d\u00bb)\]]*\s+"),
+    "line": re.compile(r"\r\n|\r|\n"),
+    "word": re.compile(r"\s+"),
+}
 
 
 def _split_at(
     text: str, start: int, end: int, separator: re.Pattern[str]
 ) -> list[tuple[int, int]]:
-    """The spans between matches of `separator`, which ends with the whitespace."""
+    """The spans between matches of `separator`, without trailing whitespace.
+
+    Spans that are all whitespace are left out.
+    """
     spans: list[tuple[int, int]] = []
     position = start
-    for match in separator.finditer(text, start, end):
-        span = _trimmed(text, position, match.end())
-        if span is not None:
-            spans.append(span)
-        position = match.end()
-    span = _trimmed(text, position, end)
-    if span is not None:
-        spans.append(span)
+    for stop in [m.end() for m in separator.finditer(text, start, end)] + [end]:
+        chunk = text[position:stop].rstrip()
+        if chunk.strip():
+            spans.append((position, position + len(chunk)))
+        position = stop
     return spans
 
 
-def _split_lines_of(text: str, start: int, end: int) -> list[tuple[int, int]]:
-    spans = (
-        _trimmed(text, match.start(), match.end())
-        for match in _LINE_TEXT.finditer(text, start, end)
-    )
-    return [span for span in spans if span is not None]
-
-
-def _split_words(text: str, start: int, end: int) -> list[tuple[int, int]]:
-    return [match.span() for match in _WORD.finditer(text, start, end)]
-
-
-_SPLITTERS: dict[str, Callable[[str, int, int], list[tuple[int, int]]]] = {
-    "paragraph": lambda text, start, end: _split_at(text, start, end, _BLANK_LINES),
-    "chunk": lambda text, start, end: _split_at(text, start, end, _BLANK_LINES),
-    "sentence": lambda text, start, end: _split_at(text, start, end, _SENTENCE_END),
-    "line": _split_lines_of,
-    "word": _split_words,
-}
 # How each kind of block is cut when it is over budget, coarsest first.
 _REFINEMENTS: dict[str, tuple[str, ...]] = {
     "group": (),  # into its parts
@@ -757,7 +715,7 @@ def _refine(text: str, block: _Block) -> Sequence[_Block]:
     if block.parts:
         return block.parts
     for kind in _REFINEMENTS[block.kind]:
-        spans = _SPLITTERS[kind](text, block.start, block.end)
+        spans = _split_at(text, block.start, block.end, _SEPARATORS[kind])
         if len(spans) > 1:
             return [_Block(start, end, kind) for start, end in spans]
     return ()

@@ -14,18 +14,22 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import functools
 import hashlib
 import json
+import logging
 import threading
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar, cast
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForChainRun,
     CallbackManagerForChainRun,
 )
+from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import (
@@ -35,7 +39,7 @@ from langchain_core.runnables import (
     ensure_config,
 )
 from langchain_core.runnables.config import ContextThreadPoolExecutor
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -44,13 +48,14 @@ from tenacity import (
     stop_after_attempt,
 )
 
-from langchain_tag._text import describe_error, digest
+from langchain_tag._text import batches, check_text, describe_error, digest
 from langchain_tag.cache import InMemoryVerdictCache, VerdictCache
 from langchain_tag.matching import prompts
 from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.matching.parsing import (
     REFUSAL,
     ParsedVerdict,
+    parse_batch,
     parse_verdict,
     score_from_logprobs,
 )
@@ -60,7 +65,12 @@ from langchain_tag.matching.profiles import (
     RuleSchemaProfile,
     YesNoOutput,
 )
-from langchain_tag.models import CallRetry, model_identity, with_settings
+from langchain_tag.models import (
+    CallRetry,
+    is_rate_limit,
+    model_identity,
+    with_settings,
+)
 from langchain_tag.rules import Rule
 
 
@@ -98,6 +108,27 @@ class Verdict(BaseModel):
     def relevance(self) -> float:
         """What ranks applicable rules: the score, or 1.0 for an unscored verdict."""
         return 1.0 if self.score is None else self.score
+
+
+def check_selection(k: object, threshold: object) -> None:
+    """Refuse a `k` or `score_threshold` that `select_applicable` cannot honour.
+
+    Checked before any judgment, so a bad option costs no model call.
+
+    Raises:
+        ValueError: `k` is not None or an int >= 0, or `threshold` is not None or a
+            number in [0, 1].
+    """
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+        msg = f"k must be None or an integer >= 0, got {k!r}."
+        raise ValueError(msg)
+    if threshold is not None and (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, int | float)
+        or not 0.0 <= threshold <= 1.0
+    ):
+        msg = f"score_threshold must be None or a number in [0, 1], got {threshold!r}."
+        raise ValueError(msg)
 
 
 def select_applicable(
@@ -167,7 +198,7 @@ def _unpack(request: JudgeInput) -> tuple[str, Rule]:
             f"{type(text).__name__} and {type(rule).__name__}."
         )
         raise TypeError(msg)
-    return text, rule
+    return check_text(text, "The judged input"), rule
 
 
 def _supports_structured_output(llm: BaseChatModel) -> bool:
@@ -180,10 +211,19 @@ def _supports_structured_output(llm: BaseChatModel) -> bool:
 
 _MAX_THREADS = 64
 
-_FAN_OUT_FAILED: contextvars.ContextVar[threading.Event | None] = (
-    contextvars.ContextVar("tag_fan_out_failed", default=None)
+
+@dataclass(frozen=True)
+class _FanOut:
+    """What the judgments of one fan-out share, seen from inside a judgment."""
+
+    limiter: ConcurrencyLimiter
+    failed: threading.Event | None = None
+    """Sync fan-outs: set once a judgment failed for good (stop the others)."""
+
+
+_FAN_OUT: contextvars.ContextVar[_FanOut | None] = contextvars.ContextVar(
+    "tag_fan_out", default=None
 )
-"""In `judge_rules`' workers: set once a judgment of the fan-out failed for good."""
 
 
 class _Abandoned(Exception):  # noqa: N818 - never raised to callers
@@ -191,17 +231,57 @@ class _Abandoned(Exception):  # noqa: N818 - never raised to callers
 
 
 def _give_up_if_abandoned() -> None:
-    failed = _FAN_OUT_FAILED.get()
-    if failed is not None and failed.is_set():
+    fan_out = _FAN_OUT.get()
+    if fan_out is not None and fan_out.failed is not None and fan_out.failed.is_set():
         raise _Abandoned
 
 
-def _abandon_if_failed(state: RetryCallState) -> None:
-    del state
+# Retry hooks. `tag_waited_until` on the retry state: the end of the pause this
+# judgment has just slept through, so it waits only for a later one.
+def _before_attempt(state: RetryCallState) -> None:
     _give_up_if_abandoned()
+    fan_out = _FAN_OUT.get()
+    if fan_out is not None:
+        fan_out.limiter.wait_turn(getattr(state, "tag_waited_until", None))
+
+
+async def _abefore_attempt(state: RetryCallState) -> None:
+    fan_out = _FAN_OUT.get()
+    if fan_out is not None:
+        await fan_out.limiter.await_turn(getattr(state, "tag_waited_until", None))
+
+
+def _succeeded() -> None:
+    fan_out = _FAN_OUT.get()
+    if fan_out is not None:
+        fan_out.limiter.succeeded()
 
 
 _RetryingT = TypeVar("_RetryingT", Retrying, AsyncRetrying)
+
+_ONE_ATTEMPT = CallRetry(max_attempts=1)
+
+
+def _wait(retry: CallRetry, state: RetryCallState) -> float:
+    error = state.outcome.exception() if state.outcome is not None else None
+    delay = retry.delay(state.attempt_number, error)
+    fan_out = _FAN_OUT.get()
+    if fan_out is not None:
+        # This judgment sleeps `delay` now; before its next attempt it waits only
+        # for what a pause of the fan-out adds beyond that.
+        state.tag_waited_until = fan_out.limiter.back_off(  # type: ignore[attr-defined]
+            delay, rate_limited=is_rate_limit(error)
+        )
+    return delay
+
+
+logger = logging.getLogger(__name__)
+
+_UNPARSED = (ValidationError, json.JSONDecodeError, OutputParserException)
+"""What a structured-output call raises when the model answered in plain text."""
+_IGNORES_STRUCTURED_OUTPUT: set[str] = set()
+"""Identities of the models found to answer structured-output requests in prose."""
+_FALLBACK_LOCK = threading.Lock()
 
 
 class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
@@ -258,6 +338,27 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         """Async `judge_pair`."""
         return await self._ajudge(request, None, config)
 
+    # A fan-out runs units of work, each holding one concurrency slot: one rule per
+    # unit unless a judge judges several rules in one call.
+    def _units(self, rules: Sequence[Rule]) -> list[Sequence[Rule]]:
+        return [[rule] for rule in rules]
+
+    def _judge_unit(
+        self, text: str, unit: Sequence[Rule], config: RunnableConfig
+    ) -> list[Verdict]:
+        return [
+            self.judge_pair((text, rule), _judgment_config(config, rule))
+            for rule in unit
+        ]
+
+    async def _ajudge_unit(
+        self, text: str, unit: Sequence[Rule], config: RunnableConfig
+    ) -> list[Verdict]:
+        return [
+            await self.ajudge_pair((text, rule), _judgment_config(config, rule))
+            for rule in unit
+        ]
+
     def invoke(
         self, input: JudgeInput, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Verdict:
@@ -304,12 +405,13 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
 
         failed = threading.Event()
 
-        def judge_one(rule: Rule) -> Verdict:
+        def judge_one(unit: Sequence[Rule]) -> list[Verdict]:
             with limiter.hold():
-                _FAN_OUT_FAILED.set(failed)  # in this task's own copy of the context
+                # In this task's own copy of the context.
+                _FAN_OUT.set(_FanOut(limiter, failed))
                 _give_up_if_abandoned()
                 try:
-                    return self.judge_pair((text, rule), _judgment_config(config, rule))
+                    return self._judge_unit(text, unit, config)
                 except _Abandoned:
                     raise
                 except BaseException:
@@ -317,9 +419,10 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
                     failed.set()
                     raise
 
-        workers = min(len(rules), limiter.limit or _MAX_THREADS)
+        units = self._units(rules)
+        workers = min(len(units), limiter.bound or _MAX_THREADS)
         with ContextThreadPoolExecutor(max_workers=workers) as executor:
-            futures = [executor.submit(judge_one, rule) for rule in rules]
+            futures = [executor.submit(judge_one, unit) for unit in units]
             try:
                 # The first failure is raised when it happens, not when the
                 # judgments before it in rule order are done.
@@ -329,7 +432,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
                 for future in futures:
                     if future.done() and future.exception() is not None:
                         future.result()
-                verdicts = [future.result() for future in futures]
+                verdicts = [v for future in futures for v in future.result()]
             except BaseException:
                 # Queued judgments are dropped; running ones stop before their
                 # next attempt, so leaving the pool waits for at most one call or
@@ -357,16 +460,15 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         config = ensure_config(config)
         limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
 
-        async def judge_one(rule: Rule) -> Verdict:
+        async def judge_one(unit: Sequence[Rule]) -> list[Verdict]:
             # The slot is taken before any work, so queued judgments cost nothing.
             async with limiter.ahold():
-                return await self.ajudge_pair(
-                    (text, rule), _judgment_config(config, rule)
-                )
+                _FAN_OUT.set(_FanOut(limiter))  # each task runs in a context copy
+                return await self._ajudge_unit(text, unit, config)
 
-        tasks = [asyncio.ensure_future(judge_one(rule)) for rule in rules]
+        tasks = [asyncio.ensure_future(judge_one(u)) for u in self._units(rules)]
         try:
-            verdicts = list(await asyncio.gather(*tasks))
+            verdicts = [v for unit in await asyncio.gather(*tasks) for v in unit]
         except BaseException:
             for task in tasks:
                 task.cancel()
@@ -411,17 +513,38 @@ class ApplicabilityJudge(BaseJudge):
     logprobs: bool = False
     """Ask for logprobs (models with a `logprobs` field, e.g. ChatOpenAI) and score."""
     top_logprobs: int = 5
-    retry: CallRetry = Field(default_factory=CallRetry)
+    retry: CallRetry | None = Field(default_factory=CallRetry)
+    """Our retries, the one layer: the judge's copy of the model has its client's
+    own retries (`max_retries`, as ChatOpenAI and ChatAnthropic have) turned off.
+    None makes one attempt and leaves the model's client retries as they are."""
     on_error: Literal["raise", "not_applicable"] = "raise"
     """After retries: raise `JudgmentError`, or flag the verdict and treat it as NO."""
     cache: VerdictCache | None = Field(default_factory=InMemoryVerdictCache)
     """Where verdicts are remembered; None disables caching."""
+    rules_per_call: int = Field(default=1, ge=1)
+    """Rules judged in one model call. 1 is the method (one judgment per pair);
+    more cuts calls and prompt tokens (the input is sent once per call), at a cost
+    in quality to measure on your task (`tag eval ... --methods 'tag-b*'`). The
+    action stays withheld; verdicts are cached per (input, rule) as always; a rule
+    missing from, repeated in or unreadable in the answer is judged again alone.
+    Batched verdicts carry no logprob score."""
 
-    _model: Runnable[Any, Any] = PrivateAttr()
-    _structured: bool = PrivateAttr(default=False)
+    _text_model: BaseChatModel = PrivateAttr()
+    _structured_model: Runnable[Any, Any] | None = PrivateAttr(default=None)
+    _batch_structured_model: Runnable[Any, Any] | None = PrivateAttr(default=None)
     _key_prefix: str = PrivateAttr(default="")
 
     def model_post_init(self, context: Any, /) -> None:  # noqa: D102
+        if self.rules_per_call > 1 and self.profile.batch_output_schema is None:
+            msg = (
+                f"Profile {self.profile.name!r} has no format for several rules per "
+                "call; give it batch_output_instruction and batch_output_schema, or "
+                "use rules_per_call=1."
+            )
+            raise ValueError(msg)
+        if self.rules_per_call > 1 and self.logprobs:
+            msg = "logprobs scores need rules_per_call=1 (one verdict per answer)."
+            raise ValueError(msg)
         model = self._configured_model()
         self._key_prefix = json.dumps(
             [
@@ -437,9 +560,18 @@ class ApplicabilityJudge(BaseJudge):
                     ).encode()
                 ).hexdigest(),
                 model_identity(model),
+                # Several rules per call is another prompt: its own verdicts.
+                *(["batch"] if self.rules_per_call > 1 else []),
             ]
         )
-        self._model, self._structured = self._output_runnable(model)
+        self._text_model = model
+        self._structured_model = self._output_runnable(
+            model, self.profile.output_schema
+        )
+        if self.profile.batch_output_schema is not None and self.rules_per_call > 1:
+            self._batch_structured_model = self._output_runnable(
+                model, self.profile.batch_output_schema
+            )
 
     @property
     def final_llm(self) -> BaseChatModel:
@@ -452,8 +584,10 @@ class ApplicabilityJudge(BaseJudge):
             if self.logprobs
             else {}
         )
+        # Our retries are the one layer: the client's own would multiply them.
+        client_retries = {"max_retries": 0} if self.retry is not None else {}
         model, unsupported = with_settings(
-            self.llm, temperature=self.temperature, **logprobs
+            self.llm, temperature=self.temperature, **logprobs, **client_retries
         )
         if "logprobs" in unsupported:
             msg = (
@@ -464,14 +598,17 @@ class ApplicabilityJudge(BaseJudge):
             raise ValueError(msg)
         return model
 
-    def _output_runnable(self, model: BaseChatModel) -> tuple[Runnable[Any, Any], bool]:
+    def _output_runnable(
+        self, model: BaseChatModel, schema: type[BaseModel]
+    ) -> Runnable[Any, Any] | None:
         wanted = self.structured_output == "always" or (
-            self.structured_output == "auto" and _supports_structured_output(model)
+            self.structured_output == "auto"
+            and _supports_structured_output(model)
+            and model_identity(model) not in _IGNORES_STRUCTURED_OUTPUT
         )
         if wanted:
             try:
-                schema = self.profile.output_schema
-                return model.with_structured_output(schema, include_raw=True), True
+                return model.with_structured_output(schema, include_raw=True)
             except NotImplementedError:
                 if self.structured_output == "always":
                     msg = (
@@ -479,7 +616,58 @@ class ApplicabilityJudge(BaseJudge):
                         "use structured_output='auto' or 'never'."
                     )
                     raise ValueError(msg) from None
-        return model, False
+        return None
+
+    def _falls_back(self, error: Exception) -> bool:
+        """Whether a structured call's `error` means: read this model's text instead.
+
+        Some OpenAI-compatible servers ignore `response_format` and answer in prose,
+        which the SDK's schema parsing refuses before our lenient parser could read
+        it. Under `structured_output="auto"` that model is judged from its text from
+        then on (remembered per model, for every judge).
+        """
+        if self.structured_output != "auto" or not isinstance(error, _UNPARSED):
+            return False
+        identity = model_identity(self._text_model)
+        with _FALLBACK_LOCK:
+            first = identity not in _IGNORES_STRUCTURED_OUTPUT
+            _IGNORES_STRUCTURED_OUTPUT.add(identity)
+        if first:
+            logger.warning(
+                "%s answered a structured-output request with text the schema could "
+                "not parse (%s); judging it with the text parser from now on.",
+                type(self._text_model).__name__,
+                describe_error(error)[:200],
+            )
+        self._structured_model = self._batch_structured_model = None
+        return True
+
+    def _structured_for(self, messages: list[BaseMessage]) -> Runnable[Any, Any] | None:
+        # A batched request is told apart by its system prompt.
+        batched = messages[0].content == self.profile.batch_system_prompt
+        return self._batch_structured_model if batched else self._structured_model
+
+    def _invoke(self, messages: list[BaseMessage], config: RunnableConfig) -> Any:
+        structured = self._structured_for(messages)
+        if structured is not None:
+            try:
+                return structured.invoke(messages, config)
+            except Exception as error:
+                if not self._falls_back(error):
+                    raise
+        return self._text_model.invoke(messages, config)
+
+    async def _ainvoke(
+        self, messages: list[BaseMessage], config: RunnableConfig
+    ) -> Any:
+        structured = self._structured_for(messages)
+        if structured is not None:
+            try:
+                return await structured.ainvoke(messages, config)
+            except Exception as error:
+                if not self._falls_back(error):
+                    raise
+        return await self._text_model.ainvoke(messages, config)
 
     # -- prompt -----------------------------------------------------------------------
 
@@ -538,8 +726,10 @@ class ApplicabilityJudge(BaseJudge):
     # -- one judgment -----------------------------------------------------------------
 
     def _from_output(self, rule: Rule, output: Any) -> Verdict:
-        raw: BaseMessage = output["raw"] if self._structured else output
-        parsed = output.get("parsed") if self._structured else None
+        # A structured call gives {"raw", "parsed", ...}; a text call the message.
+        structured = isinstance(output, Mapping)
+        raw: BaseMessage = output["raw"] if structured else output
+        parsed = output.get("parsed") if structured else None
         if isinstance(parsed, YesNoOutput):
             decision = ParsedVerdict(applies=parsed.verdict == "YES", reason=None)
         elif isinstance(parsed, ApplicableOutput):
@@ -577,12 +767,18 @@ class ApplicabilityJudge(BaseJudge):
         return Verdict(rule_id=rule.rule_id, applies=False, error=error)
 
     def _retrying(self, retrying: type[_RetryingT]) -> _RetryingT:
+        """Our retries: the one layer (the model's client retries are off).
+
+        Before each attempt a judgment waits out the fan-out's shared pause (after
+        a rate limit, all wait; under on_error="raise" a sibling's failure ends
+        the fan-out); a wait the provider asks for (`Retry-After`) is honoured.
+        """
+        retry = self.retry or _ONE_ATTEMPT
         return retrying(
-            stop=stop_after_attempt(self.retry.max_attempts),
-            wait=lambda state: self.retry.delay(state.attempt_number),
-            retry=retry_if_exception(self.retry.is_transient),
-            # Under on_error="raise" a sibling's failure ends the fan-out: no retry.
-            before=_abandon_if_failed,
+            stop=stop_after_attempt(retry.max_attempts),
+            wait=functools.partial(_wait, retry),
+            retry=retry_if_exception(retry.is_transient),
+            before=_abefore_attempt if retrying is AsyncRetrying else _before_attempt,
             reraise=True,
         )
 
@@ -593,7 +789,7 @@ class ApplicabilityJudge(BaseJudge):
         return self._failed(
             rule,
             f"{describe_error(error)} (after {attempts} attempt(s))",
-            transient=self.retry.is_transient(error),
+            transient=(self.retry or _ONE_ATTEMPT).is_transient(error),
         )
 
     def _cached(self, hit: str | None, rule: Rule) -> Verdict | None:
@@ -617,11 +813,12 @@ class ApplicabilityJudge(BaseJudge):
             return hit
         retrying = self._retrying(Retrying)
         try:
-            output = retrying(self._model.invoke, self.messages(text, rule), config)
+            output = retrying(self._invoke, self.messages(text, rule), config)
         except _Abandoned:
             raise
         except Exception as error:  # noqa: BLE001 - every failure is reported
             return self._given_up(rule, error, retrying)
+        _succeeded()
         verdict = self._read(rule, output)
         if self.cache is not None and not verdict.failed:
             self.cache.update(key, verdict.model_dump_json())
@@ -641,25 +838,168 @@ class ApplicabilityJudge(BaseJudge):
             return hit
         retrying = self._retrying(AsyncRetrying)
         try:
-            output = await retrying(
-                self._model.ainvoke, self.messages(text, rule), config
+            output: Any = await retrying(
+                self._ainvoke, self.messages(text, rule), config
             )
         except Exception as error:  # noqa: BLE001 - every failure is reported
             return self._given_up(rule, error, retrying)
+        _succeeded()
         verdict = self._read(rule, output)
         if self.cache is not None and not verdict.failed:
             await self.cache.aupdate(key, verdict.model_dump_json())
         return verdict
 
+    # -- several rules per call -------------------------------------------------------
 
-def _judgment_config(config: RunnableConfig, rule: Rule) -> RunnableConfig:
-    # One model run per rule, named after it, so a trace reads like the fan-out.
+    def _units(self, rules: Sequence[Rule]) -> list[Sequence[Rule]]:
+        return list(batches(rules, self.rules_per_call))
+
+    def batch_messages(self, text: str, rules: Sequence[Rule]) -> list[BaseMessage]:
+        """The messages that judge several `rules` against `text` in one call."""
+        fields = [
+            [
+                *(
+                    []
+                    if "rule_id" in self.profile.rule_fields
+                    else [("rule_id", r.rule_id)]
+                ),
+                *self.judged_fields(r),
+            ]
+            for r in rules
+        ]
+        return [
+            SystemMessage(self.profile.batch_system_prompt),
+            HumanMessage(
+                prompts.render_judge_batch_message(
+                    text, fields, str(self.profile.batch_output_instruction)
+                )
+            ),
+        ]
+
+    def _judge_unit(
+        self, text: str, unit: Sequence[Rule], config: RunnableConfig
+    ) -> list[Verdict]:
+        if len(unit) == 1:
+            return super()._judge_unit(text, unit, config)
+        check_text(text, "The judged input")
+        cache, keys = self.cache, {r.rule_id: self.cache_key(text, r) for r in unit}
+        known = {
+            rule.rule_id: hit
+            for rule in unit
+            if cache is not None
+            and (hit := self._cached(cache.lookup(keys[rule.rule_id]), rule))
+        }
+        asked = [rule for rule in unit if rule.rule_id not in known]
+        if len(asked) > 1:
+            retrying = self._retrying(Retrying)
+            try:
+                output = retrying(
+                    self._invoke,
+                    self.batch_messages(text, asked),
+                    _judgment_config(config, *asked),
+                )
+            except _Abandoned:
+                raise
+            except Exception as error:  # noqa: BLE001 - every failure is reported
+                return [
+                    known.get(r.rule_id) or self._given_up(r, error, retrying)
+                    for r in unit
+                ]
+            _succeeded()
+            for verdict in self._read_batch(asked, output):
+                known[verdict.rule_id] = verdict
+                if cache is not None:
+                    cache.update(keys[verdict.rule_id], verdict.model_dump_json())
+        # A rule the answer left out, repeated or garbled is judged again alone.
+        return [
+            known.get(rule.rule_id)
+            or self.judge_pair((text, rule), _judgment_config(config, rule))
+            for rule in unit
+        ]
+
+    async def _ajudge_unit(
+        self, text: str, unit: Sequence[Rule], config: RunnableConfig
+    ) -> list[Verdict]:
+        if len(unit) == 1:
+            return await super()._ajudge_unit(text, unit, config)
+        check_text(text, "The judged input")
+        cache, keys = self.cache, {r.rule_id: self.cache_key(text, r) for r in unit}
+        known = {}
+        for rule in unit:
+            if cache is not None and (
+                hit := self._cached(await cache.alookup(keys[rule.rule_id]), rule)
+            ):
+                known[rule.rule_id] = hit
+        asked = [rule for rule in unit if rule.rule_id not in known]
+        if len(asked) > 1:
+            retrying = self._retrying(AsyncRetrying)
+            try:
+                output: Any = await retrying(
+                    self._ainvoke,
+                    self.batch_messages(text, asked),
+                    _judgment_config(config, *asked),
+                )
+            except Exception as error:  # noqa: BLE001 - every failure is reported
+                return [
+                    known.get(r.rule_id) or self._given_up(r, error, retrying)
+                    for r in unit
+                ]
+            _succeeded()
+            for verdict in self._read_batch(asked, output):
+                known[verdict.rule_id] = verdict
+                if cache is not None:
+                    await cache.aupdate(
+                        keys[verdict.rule_id], verdict.model_dump_json()
+                    )
+        return [
+            known.get(rule.rule_id)
+            or await self.ajudge_pair((text, rule), _judgment_config(config, rule))
+            for rule in unit
+        ]
+
+    def _read_batch(self, rules: Sequence[Rule], output: Any) -> list[Verdict]:
+        """The verdicts an answer on several rules gives; only the clear ones.
+
+        A rule the answer does not name, names twice, or decides in a format that
+        was not asked for gets no verdict here (it is judged again alone).
+        """
+        schema = self.profile.output_schema
+        try:
+            if isinstance(output, Mapping):  # structured: {"raw", "parsed", ...}
+                parsed = output.get("parsed")
+                decided = parse_batch(
+                    parsed if parsed is not None else output["raw"].text,
+                    schema=schema,
+                )
+            else:
+                decided = parse_batch(output.text, schema=schema)
+        except Exception:  # noqa: BLE001 - an unreadable answer decides nothing
+            return []
+        verdicts = []
+        for rule in rules:
+            decisions = decided.get(rule.rule_id, [])
+            if len(decisions) == 1:
+                verdicts.append(
+                    Verdict(
+                        rule_id=rule.rule_id,
+                        applies=decisions[0].applies,
+                        reason=decisions[0].reason,
+                    )
+                )
+        return verdicts
+
+
+def _judgment_config(config: RunnableConfig, *rules: Rule) -> RunnableConfig:
+    # One model run per call, named after its rules, so a trace reads like the
+    # fan-out.
+    ids = [rule.rule_id for rule in rules]
+    named = {"tag_rule_id": ids[0]} if len(ids) == 1 else {"tag_rule_ids": ids}
     child = cast(
         "RunnableConfig",
         {
             **config,
-            "run_name": f"judge:{rule.rule_id}",
-            "metadata": {**config.get("metadata", {}), "tag_rule_id": rule.rule_id},
+            "run_name": "judge:" + "+".join(ids),
+            "metadata": {**config.get("metadata", {}), **named},
         },
     )
     child.pop("run_id", None)

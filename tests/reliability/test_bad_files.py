@@ -183,7 +183,7 @@ def extract(
 ) -> Callable[[Path], tuple[int, str]]:
     """Run `tag extract` on one file with the fake extractor: (exit code, stderr)."""
     monkeypatch.setattr(
-        cli, "default_chat_model", lambda **_: ExtractionFakeChatModel()
+        "langchain_tag.models.default_chat_model", lambda **_: ExtractionFakeChatModel()
     )
 
     def run(path: Path) -> tuple[int, str]:

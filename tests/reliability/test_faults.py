@@ -12,13 +12,13 @@ is needed. Every case adds its row to the reliability report.
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import pytest
@@ -43,6 +43,7 @@ from langchain_tag.models import CallRetry
 from langchain_tag.query_graph import QueryContext
 from langchain_tag.testing import (
     ExtractionFakeChatModel,
+    FakeClock,
     FaultSchedule,
     RuleAwareFakeChatModel,
     ScriptedFakeChatModel,
@@ -84,31 +85,16 @@ removes it and re-extracts its span."""
 # --- a clock that patched sleeps advance ---------------------------------------------
 
 
-class FakeClock:
-    """Time that passes only when someone sleeps; every sleep is recorded."""
-
-    def __init__(self) -> None:
-        """Start at 0 with no sleeps."""
-        self.now = 0.0
-        self.sleeps: list[float] = []
-        self._lock = threading.Lock()
-
-    def time(self) -> float:
-        """The current fake time."""
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        """Record the wait and advance the clock, at once."""
-        with self._lock:
-            self.sleeps.append(seconds)
-            self.now += seconds
-
-
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     """Every `time.sleep` (the judge's and LangGraph's retries) on a fake clock."""
     fake = FakeClock()
     monkeypatch.setattr(time, "sleep", fake.sleep)
+    # The fan-out's shared pause after a rate limit is timed on the same clock.
+    monkeypatch.setattr(
+        "langchain_tag.matching.limiter.time",
+        SimpleNamespace(monotonic=fake.time, sleep=fake.sleep),
+    )
     return fake
 
 
@@ -503,7 +489,8 @@ def test_cli_run_judge_outage_is_a_clear_error(
 ) -> None:
     down = FaultSchedule(TransientFakeError("service unavailable", 503), start=1)
     monkeypatch.setattr(
-        cli, "default_chat_model", lambda **_: RuleAwareFakeChatModel(schedule=[down])
+        "langchain_tag.models.default_chat_model",
+        lambda **_: RuleAwareFakeChatModel(schedule=[down]),
     )
     rulebook = str(Path(__file__).parents[1] / "fixtures" / "pep8_rulebook.json")
     assert cli.main(["run", rulebook, QUERY]) == 2

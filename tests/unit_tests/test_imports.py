@@ -55,7 +55,11 @@ EXPECTED_ALL = {
         "model_identity",
         "with_settings",
     ],
-    "langchain_tag.cache": ["InMemoryVerdictCache", "SQLiteVerdictCache", "VerdictCache"],
+    "langchain_tag.cache": [
+        "InMemoryVerdictCache",
+        "SQLiteVerdictCache",
+        "VerdictCache",
+    ],
     "langchain_tag.extraction": [
         "DEFAULT_CHECKPOINT",
         "ExtractionInput",
@@ -144,6 +148,7 @@ EXPECTED_ALL = {
     ],
     "langchain_tag.testing": [
         "ExtractionFakeChatModel",
+        "FakeClock",
         "FakeOpenAIServer",
         "Fault",
         "FaultSchedule",
@@ -153,6 +158,7 @@ EXPECTED_ALL = {
         "NoisyJudgeFakeChatModel",
         "NotebookModel",
         "OFFLINE_NOTE",
+        "Refusal",
         "RuleAwareFakeChatModel",
         "ScriptedFakeChatModel",
         "TransientFakeError",
@@ -244,12 +250,10 @@ def test_no_import_cycles() -> None:
     # A package importing its own submodules to re-export them is not a cycle;
     # a submodule importing its package's siblings through the package is
     # counted as importing those siblings.
-    for name in graph:
-        graph[name] = {
-            dep
-            for dep in graph[name]
-            if not (dep.startswith(name + ".") and name in modules)
-        }
+    graph = {
+        name: {dep for dep in deps if not dep.startswith(name + ".")}
+        for name, deps in graph.items()
+    }
     cycles = []
     state: dict[str, int] = {}
 
@@ -273,8 +277,7 @@ HEAVY = ("langgraph", "langchain_tag.matching.judge", "chromadb", "langchain_ope
 
 def _loaded_after(code: str) -> set[str]:
     probe = (
-        f"import sys\n{code}\n"
-        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+        f"import sys\n{code}\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     )
     done = subprocess.run(  # noqa: S603 - our own interpreter
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
@@ -300,16 +303,20 @@ def test_importing_the_package_or_the_rules_is_light() -> None:
     assert _loaded_after("import langchain_tag, langchain_tag.rules") == set()
 
 
-def test_evaluation_does_not_load_the_test_doubles() -> None:
+def test_runtime_modules_load_no_test_doubles() -> None:
+    runtime = sorted(
+        name
+        for name in _runtime_modules()
+        if not name.startswith("langchain_tag.testing")
+    )
+    code = (
+        "import importlib, sys\n"
+        f"for name in {runtime!r}:\n"
+        "    if not name.endswith('__main__'):\n"
+        "        importlib.import_module(name)\n"
+        "print('langchain_tag.testing' in sys.modules)"
+    )
     done = subprocess.run(  # noqa: S603 - our own interpreter
-        [
-            sys.executable,
-            "-c",
-            "import sys, langchain_tag.evaluation.harness\n"
-            "print('langchain_tag.testing' in sys.modules)",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "False"

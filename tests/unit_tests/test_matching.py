@@ -225,10 +225,10 @@ class StructuredFake(RuleAwareFakeChatModel):
 def test_structured_output_is_used_when_supported() -> None:
     rule = make_rules(1)[0]
     structured = ApplicabilityJudge(llm=StructuredFake())
-    assert structured._structured
+    assert structured._structured_model is not None
     assert structured.invoke(("trigger-000", rule)).applies
     plain = ApplicabilityJudge(llm=RuleAwareFakeChatModel())
-    assert not plain._structured
+    assert plain._structured_model is None
     with pytest.raises(ValueError, match="does not support structured output"):
         ApplicabilityJudge(llm=RuleAwareFakeChatModel(), structured_output="always")
 

@@ -29,8 +29,15 @@ def test_offline_gives_the_fake_and_says_so() -> None:
     assert model.offline
     assert isinstance(model.llm, JudgeAndExtractorFakeChatModel)
     assert model._repr_markdown_() == str(model) == model.note == OFFLINE_NOTE
-    assert "fake model, not an LLM" in model.note
+    # The note's content, written out here rather than read from the constant.
+    assert model.note.startswith(
+        "**Offline run: the results below come from a fake model, not an LLM.**"
+    )
+    assert "Neither `OPENAI_API_KEY` nor `OPENAI_BASE_URL` is set" in model.note
+    assert "`JudgeAndExtractorFakeChatModel` plays the LLM's roles" in model.note
     assert "nothing about model quality" in model.note
+    assert "`TAG_MODEL`" in model.note
+    assert model.note.endswith("run again to use a real model.")
     assert repr(model) == "NotebookModel(JudgeAndExtractorFakeChatModel, offline=True)"
 
 

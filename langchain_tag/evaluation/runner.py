@@ -1,0 +1,372 @@
+"""Running methods over a task: every method as a retriever, scored with its cost.
+
+`aevaluate` runs the standard methods of a task (or those selected) on its inputs
+and returns one `EvalResult` per method: the task's quality metrics (`METRICS`) and
+the cost columns (LLM calls, input and output tokens, wall time, units given to the
+executor). Methods that need a judge model run only when one is given; otherwise
+they come back as skipped rows with the reason, so an offline run covers the
+methods without an LLM and the oracle. `run_nba`, `run_obliqa` and `run_humaneval`
+do the same on a task's development data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypedDict
+
+from langchain_core.embeddings import Embeddings
+from langchain_core.language_models import BaseChatModel
+from langchain_core.retrievers import BaseRetriever
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
+from typing_extensions import Self, Unpack
+
+from langchain_tag.evaluation.embedding_cache import shared_embeddings
+from langchain_tag.evaluation.methods import (
+    Family,
+    Method,
+    MethodContext,
+    select_methods,
+    standard_methods,
+)
+from langchain_tag.evaluation.metrics import mean
+from langchain_tag.evaluation.tasks import (
+    METRICS,
+    EvalItem,
+    EvalTask,
+    ItemOutcome,
+    TaskName,
+    UnitKind,
+    load_task,
+)
+from langchain_tag.evaluation.usage import CallCounter
+from langchain_tag.execution import ActionOnlyExecutor
+from langchain_tag.rules import Rulebook
+
+__all__ = [
+    "EvalResult",
+    "RunOptions",
+    "aevaluate",
+    "run_humaneval",
+    "run_nba",
+    "run_obliqa",
+]
+
+logger = logging.getLogger(__name__)
+
+_METRIC_KEYS = [metric.key for task in METRICS.values() for metric in task]
+
+
+class EvalResult(BaseModel):
+    """One method on one task: quality metrics and cost columns.
+
+    Serialised flat, as the report files hold it: one key per metric of every
+    task, in `METRICS` order after `n`, None where not measured; read back from
+    that form too.
+    """
+
+    task: TaskName
+    method: str
+    family: Family
+    units: UnitKind
+    status: Literal["ok", "skipped"] = "ok"
+    skip_reason: str | None = None
+    n: int = Field(default=0, description="Inputs evaluated.")
+    metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="The task's `METRICS` that were measured, by key; a metric the "
+        "task does not define, or that was not measured (no executor model), is "
+        "absent, and `notes` says why.",
+    )
+    llm_calls: int = Field(default=0, description="Judge and executor calls.")
+    executor_calls: int = 0
+    input_tokens: int | None = Field(
+        default=None, description="As reported by the models; None if none reported."
+    )
+    output_tokens: int | None = None
+    wall_seconds: float = Field(
+        default=0.0, description="Retrieval and execution of all inputs (not grading)."
+    )
+    setup_seconds: float = Field(
+        default=0.0, description="Building the method (indexing, embedding)."
+    )
+    mean_units: float | None = Field(
+        default=None, description="Units given to the executor per input."
+    )
+    mean_context_chars: float | None = Field(
+        default=None, description="Characters of those units per input."
+    )
+    failures: int = Field(
+        default=0, description="Inputs whose retrieval or execution raised."
+    )
+    first_error: str | None = Field(
+        default=None, description="The first failure's error, when any failed."
+    )
+    notes: list[str] = Field(
+        default_factory=list, description="What was not measured, and why."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_metrics(cls, data: Any) -> Any:
+        """Take flat metric keys (a report row) into `metrics`, dropping Nones."""
+        if not isinstance(data, dict):
+            return data
+        fields = {k: v for k, v in data.items() if k not in _METRIC_KEYS}
+        found = {
+            **dict(data.get("metrics") or {}),
+            **{k: data[k] for k in _METRIC_KEYS if k in data},
+        }
+        return fields | {"metrics": {k: v for k, v in found.items() if v is not None}}
+
+    @model_validator(mode="after")
+    def _known_metrics(self) -> Self:
+        known = {metric.key for metric in METRICS[self.task]}
+        if unknown := sorted(set(self.metrics) - known):
+            msg = f"{', '.join(unknown)}: not metrics of the {self.task} task"
+            raise ValueError(msg)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        flat: dict[str, Any] = {}
+        for key, value in handler(self).items():
+            if key == "metrics":
+                flat |= {k: value.get(k) for k in _METRIC_KEYS}
+            else:
+                flat[key] = value
+        return flat
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        """The keys of a serialised result, in order (the CSV columns)."""
+        return [
+            column
+            for field in cls.model_fields
+            for column in (_METRIC_KEYS if field == "metrics" else [field])
+        ]
+
+    @property
+    def calls_per_input(self) -> float | None:
+        """LLM calls per evaluated input."""
+        return self.llm_calls / self.n if self.n else None
+
+
+class RunOptions(TypedDict, total=False):
+    """Options of `aevaluate` and the `run_*` functions."""
+
+    methods: Sequence[str] | None
+    """Method names or globs to run (default: every standard method)."""
+    limit: int | None
+    """Evaluate only the first `limit` inputs."""
+    judge_model: BaseChatModel | None
+    """Judges for TAG, the reranker and the LLM filters; None skips them."""
+    cheap_judge_model: BaseChatModel | None
+    """The cascade's cheap first judge (a model with logprobs); None skips it."""
+    executor_model: BaseChatModel | None
+    """Executes the task (strict accuracy, pass@1); None measures retrieval only."""
+    embeddings: Embeddings | None
+    """For similarity methods; default the offline MiniLM."""
+    max_concurrency: int
+    """Inputs in progress at once, and LLM calls in flight per method."""
+    on_result: Callable[[EvalResult], None] | None
+    """Called with each method's result as soon as it is known (progress)."""
+
+
+async def aevaluate(task: EvalTask, **options: Unpack[RunOptions]) -> list[EvalResult]:
+    """Run the task's standard methods (or those selected) and score them.
+
+    Methods run one after another, so their wall times do not disturb each other;
+    the inputs of a method run concurrently, at most `max_concurrency` at once.
+    """
+    methods = standard_methods(task.name)
+    if options.get("methods"):
+        methods = select_methods(methods, options["methods"] or ())
+    context = MethodContext(
+        task=task.limited(options.get("limit")),
+        embeddings=shared_embeddings(options.get("embeddings")),
+        judge_model=options.get("judge_model"),
+        cheap_judge_model=options.get("cheap_judge_model"),
+        max_concurrency=options.get("max_concurrency", 8),
+    )
+    executor_model = options.get("executor_model")
+    executor = (
+        None
+        if executor_model is None or task.template is None
+        else ActionOnlyExecutor(llm=executor_model, template=task.template)
+    )
+    on_result = options.get("on_result")
+    results = []
+    for method in methods:
+        reason = context.unavailable(method)
+        result = (
+            _skipped(context.task, method, reason)
+            if reason is not None
+            else await _evaluate_method(context, method, executor)
+        )
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results
+
+
+def _skipped(task: EvalTask, method: Method, reason: str) -> EvalResult:
+    return EvalResult(
+        task=task.name,
+        method=method.name,
+        family=method.family,
+        units=method.units,
+        status="skipped",
+        skip_reason=reason,
+    )
+
+
+async def _evaluate_method(
+    context: MethodContext, method: Method, executor: ActionOnlyExecutor | None
+) -> EvalResult:
+    task = context.task
+    started = time.perf_counter()
+    try:
+        # Building may embed a whole corpus: keep the event loop free meanwhile.
+        retriever = await asyncio.to_thread(method.build, context)
+    except Exception as error:  # noqa: BLE001 - one bad configuration skips one row
+        logger.warning("%s: %s could not be built: %s", task.name, method.name, error)
+        return _skipped(task, method, f"could not be built: {error}")
+    setup_seconds = time.perf_counter() - started
+    retrieval, execution = CallCounter(), CallCounter()
+    slots = asyncio.Semaphore(context.max_concurrency)
+
+    async def run(item: EvalItem) -> ItemOutcome:
+        async with slots:
+            return await _run_item(
+                task, method, retriever, executor, item, retrieval, execution
+            )
+
+    async def grade(outcome: ItemOutcome) -> None:
+        async with slots:
+            await _grade(task, method, outcome)
+
+    started = time.perf_counter()
+    outcomes = await asyncio.gather(*(run(item) for item in task.items))
+    wall_seconds = time.perf_counter() - started
+    # Graded after the clock stops: running checks and pylint is not the method's.
+    await asyncio.gather(*(grade(o) for o in outcomes if o.answer is not None))
+    quality, notes = task.quality(
+        outcomes, units=method.units, executed=executor is not None
+    )
+    errors = [o.error for o in outcomes if o.error]
+    reported = retrieval.reported or execution.reported
+    return EvalResult(
+        task=task.name,
+        method=method.name,
+        family=method.family,
+        units=method.units,
+        n=len(outcomes),
+        metrics=quality,
+        llm_calls=retrieval.calls + execution.calls,
+        executor_calls=execution.calls,
+        input_tokens=retrieval.input_tokens + execution.input_tokens
+        if reported
+        else None,
+        output_tokens=retrieval.output_tokens + execution.output_tokens
+        if reported
+        else None,
+        wall_seconds=wall_seconds,
+        setup_seconds=setup_seconds,
+        mean_units=mean(len(o.units) for o in outcomes),
+        mean_context_chars=mean(
+            sum(len(d.page_content) for d in o.units) for o in outcomes
+        ),
+        failures=len(errors),
+        first_error=errors[0] if errors else None,
+        notes=notes,
+    )
+
+
+async def _run_item(
+    task: EvalTask,
+    method: Method,
+    retriever: BaseRetriever,
+    executor: ActionOnlyExecutor | None,
+    item: EvalItem,
+    retrieval: CallCounter,
+    execution: CallCounter,
+) -> ItemOutcome:
+    """Retrieve and execute one input; a failing step ends it, recorded."""
+    outcome = ItemOutcome(item)
+    try:
+        outcome.units = await retriever.ainvoke(
+            item.text, {"callbacks": [retrieval], "run_name": method.name}
+        )
+    except Exception as error:  # noqa: BLE001 - a failed input is counted, not fatal
+        return _failed(task, method, outcome, "retrieval", error)
+    if executor is None:
+        return outcome
+    try:
+        outcome.answer = await executor.ainvoke(
+            {"input": item.task_input or item.text, "rules": outcome.units},
+            {"callbacks": [execution]},
+        )
+    except Exception as error:  # noqa: BLE001 - a failed input is counted, not fatal
+        return _failed(task, method, outcome, "execution", error)
+    return outcome
+
+
+async def _grade(task: EvalTask, method: Method, outcome: ItemOutcome) -> None:
+    try:
+        outcome.grade = await task.grade(outcome.item, outcome.answer)
+    except Exception as error:  # noqa: BLE001 - a failed input is counted, not fatal
+        _failed(task, method, outcome, "grading", error)
+
+
+def _failed(
+    task: EvalTask, method: Method, outcome: ItemOutcome, step: str, error: Exception
+) -> ItemOutcome:
+    outcome.error = f"{step}: {type(error).__name__}: {error}"
+    logger.warning(
+        "%s %s %s: %s", task.name, method.name, outcome.item.id, outcome.error
+    )
+    return outcome
+
+
+def run_nba(
+    data_dir: str | os.PathLike[str] | None = None, **options: Unpack[RunOptions]
+) -> list[EvalResult]:
+    """Evaluate the standard methods on RuleArena-NBA (dev problems)."""
+    return asyncio.run(aevaluate(load_task("nba", data_dir), **options))
+
+
+def run_obliqa(
+    data_dir: str | os.PathLike[str] | None = None, **options: Unpack[RunOptions]
+) -> list[EvalResult]:
+    """Evaluate the standard methods on the ObliQA sample (dev questions)."""
+    return asyncio.run(aevaluate(load_task("obliqa", data_dir), **options))
+
+
+def run_humaneval(
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    rulebook: Rulebook | str | os.PathLike[str] | None = None,
+    timeout: float = 10.0,
+    **options: Unpack[RunOptions],
+) -> list[EvalResult]:
+    """Evaluate the standard methods on HumanEval + PEP 8.
+
+    Args:
+        data_dir: The shared data directory (default `../shared/data`).
+        rulebook: A PEP 8 rulebook (object or file) for the rule methods; without
+            one they are skipped.
+        timeout: Seconds each problem's `check` may run.
+        **options: See `RunOptions`.
+    """
+    task = load_task("humaneval", data_dir, pep8_rulebook=rulebook, timeout=timeout)
+    return asyncio.run(aevaluate(task, **options))

@@ -1,0 +1,51 @@
+"""A server that ignores `response_format`: the judge reads its prose instead.
+
+Some OpenAI-compatible servers answer a structured-output request in plain text;
+the SDK's schema parsing then refuses an answer our text parser reads fine.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
+from langchain_openai import ChatOpenAI
+
+from langchain_tag import ApplicabilityJudge
+from langchain_tag.testing import FakeOpenAIServer, trigger_rulebook
+
+
+def test_auto_structured_output_falls_back_to_text_once_per_model(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Before: the SDK's schema parsing raised on the prose answer, so every
+    # judgment failed although "YES, ..." is perfectly readable.
+    rules = trigger_rulebook(3).rules
+    answers = ["YES, the input contains it."] * 10
+    with FakeOpenAIServer(FakeListChatModel(responses=answers)) as server:
+        llm = ChatOpenAI(
+            base_url=server.base_url, api_key="unused", model="prose", max_retries=0
+        )
+        judge = ApplicabilityJudge(llm=llm)
+        with caplog.at_level(logging.WARNING, logger="langchain_tag.matching.judge"):
+            verdicts = [judge.invoke(("trigger-000", rule)) for rule in rules]
+        assert [v.applies for v in verdicts] == [True, True, True]
+        assert not any(v.failed for v in verdicts)
+        # One structured attempt, then text only: 2 + 1 + 1 requests.
+        formats = [r.get("response_format", {}).get("type") for r in server.requests]
+        assert formats == ["json_schema", None, None, None]
+        fallbacks = [r for r in caplog.records if "text parser" in r.getMessage()]
+        assert len(fallbacks) == 1
+
+        # Remembered for the model: a new judge on it goes straight to text.
+        ApplicabilityJudge(llm=llm).invoke(("trigger-000", rules[0]))
+        assert server.requests[-1].get("response_format") is None
+        assert len(server.requests) == 5
+
+        # "always" means always: no fallback, the failure is reported.
+        strict = ApplicabilityJudge(
+            llm=llm, structured_output="always", on_error="not_applicable"
+        )
+        with pytest.warns(UserWarning, match="judgments failed"):
+            assert strict.invoke(("trigger-000", rules[1])).failed
