@@ -43,6 +43,7 @@ import _common
 
 from langchain_tag.matching import (
     ApplicabilityJudge,
+    BaseJudge,
     CascadeJudge,
     CascadeStats,
     Verdict,
@@ -197,7 +198,7 @@ def noisy_judge(
 
 
 async def judge_all(
-    judge: ApplicabilityJudge, problems: Sequence[Problem], rules: Sequence[Rule]
+    judge: BaseJudge, problems: Sequence[Problem], rules: Sequence[Rule]
 ) -> list[list[Verdict]]:
     """Every problem judged against every rule, problems in turn.
 

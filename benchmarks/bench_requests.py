@@ -168,7 +168,9 @@ class PromptTokens(BaseCallbackHandler):
         self, serialized: dict[str, Any], messages: list[list[BaseMessage]], **_: Any
     ) -> None:
         counted = sum(
-            len(self.encoding.encode(str(m.content))) for batch in messages for m in batch
+            len(self.encoding.encode(str(m.content)))
+            for batch in messages
+            for m in batch
         )
         with self.lock:
             self.calls += 1
@@ -190,7 +192,10 @@ def rules_per_call(data_dir: Path, sizes: Sequence[int]) -> list[dict[str, Any]]
             llm=RuleAwareFakeChatModel(), rules_per_call=size, cache=None
         )
         verdicts = [
-            [v.applies for v in judge.judge_rules(text, rules, {"callbacks": [counter]})]
+            [
+                v.applies
+                for v in judge.judge_rules(text, rules, {"callbacks": [counter]})
+            ]
             for text in inputs
         ]
         reference = reference or verdicts
@@ -267,8 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         wrong = wrong or not row["same_verdicts_as_b1"]
         print(
             f"   {row['rules_per_call']:<3} {row['calls_per_input']:>6.1f} "
-            f"({row['ideal_calls']:>2})          {row['prompt_tokens_per_input']:>9.0f} "
-            f"({row['ideal_tokens']:>6.0f})          {row['same_verdicts_as_b1']}"
+            f"({row['ideal_calls']:>2})          "
+            f"{row['prompt_tokens_per_input']:>9.0f} ({row['ideal_tokens']:>6.0f})"
+            f"          {row['same_verdicts_as_b1']}"
         )
     print(
         "   A deterministic fake answered: these figures count what is sent; "

@@ -25,10 +25,8 @@ they map back to passages. Ranked documents carry `metadata["relevance_score"]`.
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -49,6 +47,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 from pydantic import Field, PrivateAttr, field_validator
 
+from langchain_tag._text import digest
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     ApplicabilityJudge,
@@ -147,13 +146,8 @@ def split_into_chunks(
         if "source" in document.metadata:
             traced.append(document)
         elif document.id is not None:
-            traced.append(
-                Document(
-                    id=document.id,
-                    page_content=document.page_content,
-                    metadata={**document.metadata, "source": document.id},
-                )
-            )
+            metadata = {**document.metadata, "source": document.id}
+            traced.append(document.model_copy(update={"metadata": metadata}))
         else:
             msg = (
                 f"Document {position} has neither metadata['source'] nor an id, so "
@@ -192,13 +186,11 @@ class ChunkRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         k = kwargs.get("k", self.k)
-        for fetch in _fetch_sizes(k):
-            found = self.vectorstore.similarity_search_with_relevance_scores(
-                query, k=fetch
-            )
-            if (top := _top(found, k, fetch)) is not None:
-                return top
-        raise AssertionError  # pragma: no cover - the store runs out eventually
+        search = self.vectorstore.similarity_search_with_relevance_scores
+        fetch = 2 * k
+        while (top := _top(search(query, k=fetch), k, fetch)) is None:
+            fetch *= 2
+        return top
 
     async def _aget_relevant_documents(
         self,
@@ -208,17 +200,11 @@ class ChunkRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         k = kwargs.get("k", self.k)
-        for fetch in _fetch_sizes(k):
-            found = await self.vectorstore.asimilarity_search_with_relevance_scores(
-                query, k=fetch
-            )
-            if (top := _top(found, k, fetch)) is not None:
-                return top
-        raise AssertionError  # pragma: no cover - the store runs out eventually
-
-
-def _fetch_sizes(k: int) -> Iterator[int]:
-    return (k * 2**n for n in itertools.count(1))
+        search = self.vectorstore.asimilarity_search_with_relevance_scores
+        fetch = 2 * k
+        while (top := _top(await search(query, k=fetch), k, fetch)) is None:
+            fetch *= 2
+        return top
 
 
 def _top(
@@ -305,12 +291,8 @@ def chunk_retriever(
     if collection_name is None:
         # The index settings are part of the name: a collection built with other
         # settings (they only apply at creation) is not reused.
-        digest = hashlib.sha256(
-            json.dumps(
-                [type(embeddings).__qualname__, sorted(ids), CHUNK_INDEX_HNSW]
-            ).encode()
-        ).hexdigest()
-        collection_name = f"tag-chunks-{digest[:24]}"
+        named = [type(embeddings).__qualname__, sorted(ids), CHUNK_INDEX_HNSW]
+        collection_name = f"tag-chunks-{digest(json.dumps(named))[:24]}"
     store = Chroma(
         collection_name=collection_name,
         embedding_function=embeddings,
@@ -343,17 +325,10 @@ def _as_stored(chunk: Document) -> tuple[str, dict[str, Any]]:
 
 
 def _chunk_ids(chunks: Sequence[Document]) -> list[str]:
-    ids = []
-    seen: dict[str, int] = {}
+    seen: dict[str, int] = {}  # id: position
     for position, chunk in enumerate(chunks):
-        chunk_id = (
-            chunk.id
-            or hashlib.sha256(
-                json.dumps(
-                    [chunk.metadata, chunk.page_content], sort_keys=True, default=str
-                ).encode()
-            ).hexdigest()
-        )
+        content = [chunk.metadata, chunk.page_content]
+        chunk_id = chunk.id or digest(json.dumps(content, sort_keys=True, default=str))
         if chunk_id in seen:
             msg = (
                 f"Chunks {seen[chunk_id]} and {position} have the same id "
@@ -362,8 +337,7 @@ def _chunk_ids(chunks: Sequence[Document]) -> list[str]:
             )
             raise ValueError(msg)
         seen[chunk_id] = position
-        ids.append(chunk_id)
-    return ids
+    return list(seen)
 
 
 def _check_chroma_metadata(chunk: Document) -> None:
@@ -448,10 +422,8 @@ class RuleSimilarityRetriever(BaseRetriever):
         run_manager: CallbackManagerForRetrieverRun,
         **kwargs: Any,
     ) -> list[Document]:
-        found = self._store.similarity_search_with_score(
-            query, k=kwargs.get("k", self.k)
-        )
-        return self._as_rules(found)
+        search = self._store.similarity_search_with_score
+        return self._as_rules(search(query, k=kwargs.get("k", self.k)))
 
     async def _aget_relevant_documents(
         self,
@@ -460,10 +432,8 @@ class RuleSimilarityRetriever(BaseRetriever):
         run_manager: AsyncCallbackManagerForRetrieverRun,
         **kwargs: Any,
     ) -> list[Document]:
-        found = await self._store.asimilarity_search_with_score(
-            query, k=kwargs.get("k", self.k)
-        )
-        return self._as_rules(found)
+        search = self._store.asimilarity_search_with_score
+        return self._as_rules(await search(query, k=kwargs.get("k", self.k)))
 
     def _as_rules(self, found: Iterable[tuple[Document, float]]) -> list[Document]:
         rules = self.rulebook.rules
@@ -499,6 +469,8 @@ class RelevanceJudge(ApplicabilityJudge):
 
     profile: RuleSchemaProfile = RELEVANCE_PROFILE
     """The relevance profile; the action is added whatever the profile."""
+    log_source: str = "relevance"
+    """Its verdicts in a verdict log are marked, never trained on."""
     question: ClassVar[str] = prompts.RELEVANCE_QUESTION
 
     def judged_fields(self, rule: Rule) -> list[tuple[str, str]]:
@@ -619,20 +591,11 @@ class ChunkApplicabilityRetriever(BaseRetriever):
         return self._as_chunks(await self._tag.ainvoke(query, config, **kwargs))
 
     def _as_chunks(self, matched: list[Document]) -> list[Document]:
-        found = []
-        for rule_doc in matched:
-            chunk = self.chunks[self._tag.rulebook.position(str(rule_doc.id))]
-            found.append(
-                Document(
-                    id=chunk.id,
-                    page_content=chunk.page_content,
-                    metadata={
-                        **chunk.metadata,
-                        "relevance_score": rule_doc.metadata["relevance_score"],
-                    },
-                )
-            )
-        return found
+        position = self._tag.rulebook.position
+        return _scored(
+            (self.chunks[position(str(doc.id))], doc.metadata["relevance_score"])
+            for doc in matched
+        )
 
 
 # --- LangChain's LLMChainFilter -----------------------------------------------------

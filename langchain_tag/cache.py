@@ -89,6 +89,46 @@ class InMemoryVerdictCache(VerdictCache):
         self.update(key, value)
 
 
+class SQLiteConnections:
+    """One SQLite connection per thread to one file, in WAL mode with a busy timeout.
+
+    What every SQLite store of the package shares (the verdict cache, the verdict
+    log): WAL lets readers run beside one writer, and the busy timeout makes
+    concurrent writers, in threads or processes, wait for each other instead of
+    failing with "database is locked".
+
+    Args:
+        path: The database file; its directory is created if needed.
+        timeout: Seconds a writer waits for the lock.
+    """
+
+    def __init__(self, path: str | Path, *, timeout: float = 30.0) -> None:
+        """Remember where the database is; connections open on first use."""
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.timeout = timeout
+        self._local = threading.local()
+
+    def get(self) -> sqlite3.Connection:
+        """This thread's connection, opened on first use."""
+        # sqlite3 connections must not cross threads; each thread opens its own.
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=self.timeout)
+            with contextlib.suppress(sqlite3.OperationalError):
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        """Close this thread's connection; the next `get` opens a new one."""
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            self._local.conn = None
+            conn.close()
+
+
 class SQLiteVerdictCache(VerdictCache):
     """A persistent cache in one SQLite file, safe for several threads and processes.
 
@@ -104,11 +144,10 @@ class SQLiteVerdictCache(VerdictCache):
         if not table.isidentifier():
             msg = f"table must be a plain SQL identifier, got {table!r}"
             raise ValueError(msg)
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._connections = SQLiteConnections(path, timeout=timeout)
+        self.path = self._connections.path
         self.table = table
         self.timeout = timeout
-        self._local = threading.local()
         with self._connection() as conn:
             conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {table} ("
@@ -116,15 +155,7 @@ class SQLiteVerdictCache(VerdictCache):
             )
 
     def _connection(self) -> sqlite3.Connection:
-        # sqlite3 connections must not cross threads; each thread opens its own.
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=self.timeout)
-            with contextlib.suppress(sqlite3.OperationalError):
-                conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
-            self._local.conn = conn
-        return conn
+        return self._connections.get()
 
     def lookup(self, key: str) -> str | None:  # noqa: D102
         row = (

@@ -312,28 +312,23 @@ def run_demo(
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
 
-    def say(line: str = "") -> None:
-        out.write(line + "\n")
-        out.flush()
-
+    say = functools.partial(print, file=out, flush=True)
     say(f"model: {models.description}")
     if models.quality_note:
         say(f"note: {models.quality_note}")
     say()
-    rulebook_path = workdir / "pep8.rulebook.json"
     extraction = None
     if rulebook is None:
         chosen = list(pep8_sections() if sections is None else sections)
         rulebook, extraction = _extract(
             models.extractor, chosen, workdir, max_concurrency, say, started
         )
-        rulebook.save(rulebook_path)
-        _say_rules(say, rulebook, extraction, rulebook_path)
     else:
-        rulebook_path = workdir / "given.rulebook.json"
-        rulebook.save(rulebook_path)
         say(f"1. Using {len(rulebook)} given rule(s), not extracted")
-        _say_rules(say, rulebook, None, rulebook_path)
+    name = "pep8" if extraction else "given"
+    rulebook_path = workdir / f"{name}.rulebook.json"
+    rulebook.save(rulebook_path)
+    _say_rules(say, rulebook, extraction, rulebook_path)
 
     say()
     store = RuleStore(
@@ -507,19 +502,12 @@ def _run_snippet(
     except OutputParserException as error:
         # The first line says what was wrong; langchain adds a link after it.
         answer_error = str(error).splitlines()[0]
-    judged = len(result.verdicts)
     return SnippetReport(
         title=snippet.title,
         code=snippet.code,
-        judged=judged,
-        matches=[
-            MatchedRule(
-                rule_id=d.metadata["rule_id"],
-                name=d.metadata["name"],
-                score=d.metadata["score"],
-            )
-            for d in result.documents
-        ],
+        judged=len(result.verdicts),
+        # A matched rule's document carries its id, name and score in its metadata.
+        matches=[MatchedRule.model_validate(d.metadata) for d in result.documents],
         failed_rule_ids=result.failed_rule_ids,
         empty_reason=result.reason,
         answer=answer,

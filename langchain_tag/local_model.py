@@ -25,9 +25,9 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -177,13 +177,13 @@ class SerialChatLlamaCpp(ChatLlamaCpp):
 def local_chat_model(**kwargs: Any) -> BaseChatModel:
     """SmolLM2-135M-Instruct in this process, as a LangChain chat model.
 
-    For offline smoke runs only: SmolLM2-135M judges poorly. It is
-    `langchain_community`'s `ChatLlamaCpp` at temperature 0 with calls serialised
-    (see `SerialChatLlamaCpp`). `with_structured_output` works (a tool call forced
-    by a grammar), so `ApplicabilityJudge` always gets a well-formed verdict. What
-    it lacks: logprobs (verdicts carry no score), token usage in `usage_metadata`,
-    an OpenAI-style `response_format`, and concurrency. `LocalOpenAIServer` has all
-    of these except concurrency.
+    For offline smoke runs only. It is `langchain_community`'s `ChatLlamaCpp` at
+    temperature 0 with calls serialised (see `SerialChatLlamaCpp`).
+    `with_structured_output` works (a tool call forced by a grammar), so
+    `ApplicabilityJudge` always gets a well-formed verdict. What it lacks: logprobs
+    (verdicts carry no score), token usage in `usage_metadata`, an OpenAI-style
+    `response_format`, and concurrency. `LocalOpenAIServer` has all of these except
+    concurrency.
 
     Args:
         **kwargs: `ChatLlamaCpp` fields; they override the defaults (`n_ctx` 4096,
@@ -213,11 +213,11 @@ class LocalServerError(RuntimeError):
 class LocalOpenAIServer:
     """SmolLM2-135M behind llama-cpp-python's OpenAI-compatible server, on loopback.
 
-    For offline smoke runs only: SmolLM2-135M judges poorly. The server runs as a
-    subprocess in its own process group on a free port of 127.0.0.1; `start` (or
-    entering the context) returns once `/v1/models` answers, and `stop` ends the
-    group. `chat_model()` is a `ChatOpenAI` pointed at it, so everything talks to
-    it over real HTTP, as to any hosted model.
+    For offline smoke runs only. The server runs as a subprocess in its own process
+    group on a free port of 127.0.0.1; `start` (or entering the context) returns
+    once `/v1/models` answers, and `stop` ends the group. `chat_model()` is a
+    `ChatOpenAI` pointed at it, so everything talks to it over real HTTP, as to any
+    hosted model.
 
     The server answers one request at a time and queues the rest; requests whose
     client gave up (a timeout) are dropped before they run.
@@ -279,36 +279,21 @@ class LocalOpenAIServer:
         """The server's process id (also its process group), while it runs."""
         return None if self._process is None else self._process.pid
 
-    @property
-    def log_path(self) -> Path | None:
-        """The file holding the server's output."""
-        return self._log_path
-
     def command(self) -> list[str]:
         """The command line that runs the server."""
-        return [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(self.model_path),
-            "--model_alias",
-            self.model_name,
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            "--n_ctx",
-            str(self.n_ctx),
-            "--n_threads",
-            str(self.n_threads),
-            "--n_threads_batch",
-            str(self.n_threads),
-            "--logits_all",
-            str(self.logprobs),
-            "--verbose",
-            "False",
-        ]
+        options = {
+            "model": self.model_path,
+            "model_alias": self.model_name,
+            "host": self.host,
+            "port": self.port,
+            "n_ctx": self.n_ctx,
+            "n_threads": self.n_threads,
+            "n_threads_batch": self.n_threads,
+            "logits_all": self.logprobs,
+            "verbose": False,
+        }
+        flags = chain.from_iterable((f"--{k}", str(v)) for k, v in options.items())
+        return [sys.executable, "-m", "llama_cpp.server", *flags]
 
     def start(self) -> Self:
         """Start the server and wait until it answers.
@@ -355,7 +340,7 @@ class LocalOpenAIServer:
                 with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - our loopback URL
                     if response.status == 200:  # noqa: PLR2004 - HTTP OK
                         return
-            except (urllib.error.URLError, OSError):
+            except OSError:  # URLError included: not listening yet
                 pass
             time.sleep(0.25)
         msg = (
@@ -400,8 +385,6 @@ class LocalOpenAIServer:
     ) -> ChatOpenAI:
         """A `ChatOpenAI` at temperature 0 talking to this server over HTTP.
 
-        For offline smoke runs only: SmolLM2-135M judges poorly.
-
         Args:
             max_tokens: Longest answer. Sent as `max_tokens`, which this server
                 reads; `ChatOpenAI`'s own field goes out as `max_completion_tokens`,
@@ -434,10 +417,9 @@ class LocalOpenAIServer:
     ) -> ApplicabilityJudge:
         """An `ApplicabilityJudge` over this server: JSON-constrained verdicts.
 
-        For offline smoke runs only: SmolLM2-135M judges poorly. The grammar makes
-        every answer `{"verdict": "yes"|"no"}` (single tokens, so logprob scores
-        work); the judge reads it as text, since `ChatOpenAI`'s structured output
-        sends `json_schema`, which this server rejects.
+        The grammar makes every answer `{"verdict": "yes"|"no"}` (single tokens, so
+        logprob scores work); the judge reads it as text, since `ChatOpenAI`'s
+        structured output sends `json_schema`, which this server rejects.
 
         Args:
             model_options: More `chat_model()` arguments (`timeout`, `max_retries`).

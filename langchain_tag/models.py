@@ -58,7 +58,7 @@ def with_settings(
     fields = type(llm).model_fields
     wanted = {name: value for name, value in settings.items() if value is not None}
     updates = {name: value for name, value in wanted.items() if name in fields}
-    if "max_retries" in updates and _SDK_CLIENTS <= fields.keys():
+    if "max_retries" in updates and fields.keys() >= _SDK_CLIENTS:
         # ChatOpenAI builds its SDK client, retries included, when it is made: a
         # copy must be made anew (with everything else, a custom http_client too).
         kept = {name: getattr(llm, name) for name in fields if name not in _SDK_CLIENTS}

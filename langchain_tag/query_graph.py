@@ -178,51 +178,57 @@ def _environment_model() -> BaseChatModel:
     return default_chat_model()
 
 
-# The node's CallRetry retries a judgment whose error was transient; the judge
-# itself makes one attempt per try, so the two do not multiply.
-_ONE_ATTEMPT = CallRetry(max_attempts=1)
+_DEFAULT_RETRY = CallRetry()
 
-_judges: dict[int, tuple[QueryContext, BaseJudge]] = {}
+_judges: dict[tuple[int, CallRetry], tuple[QueryContext, BaseJudge]] = {}
 _judges_lock = threading.Lock()
 _MAX_JUDGES = 64
 
 
-def _judge(context: QueryContext) -> BaseJudge:
+def _judge(context: QueryContext, retry: CallRetry) -> BaseJudge:
     """The run's judge, built once per context and shared by its M `match_rule` tasks.
 
     Building one costs a model copy and a structured-output wrapper (about a
     millisecond with ChatOpenAI), too much to repeat for every rule.
     """
+    key = (id(context), retry)
     with _judges_lock:
-        cached = _judges.get(id(context))
+        cached = _judges.get(key)
         # The entry keeps its context alive, so the id cannot name another one.
         if cached is not None and cached[0] is context:
             return cached[1]
-    judge = _build_judge(context)
+    judge = _build_judge(context, retry)
     with _judges_lock:
         if len(_judges) >= _MAX_JUDGES:
             _judges.clear()
-        _judges[id(context)] = (context, judge)
+        _judges[key] = (context, judge)
     return judge
 
 
-def _build_judge(context: QueryContext) -> BaseJudge:
+def _build_judge(context: QueryContext, retry: CallRetry) -> BaseJudge:
+    # The judge's retries are the match nodes' only layer (they honour the
+    # provider's Retry-After, which LangGraph's node retry policy cannot): a judge
+    # passed in gets the graph's retries in place of its own.
     if context.judge is not None:
-        return context.judge
+        return context.judge.with_call_retry(retry)
+    return ApplicabilityJudge(
+        llm=context.judge_model or _environment_model(),
+        profile=_profile(context),
+        logprobs=context.logprobs,
+        retry=retry,
+        on_error=context.on_error,
+        cache=None,  # judgments are cached by the graph's node cache, if any
+    )
+
+
+def _profile(context: QueryContext) -> RuleSchemaProfile:
     profile = context.profile
     if isinstance(profile, str):
         if profile not in PROFILES:
             msg = f"Unknown profile {profile!r}; choose from {sorted(PROFILES)}."
             raise ValueError(msg)
-        profile = PROFILES[profile]
-    return ApplicabilityJudge(
-        llm=context.judge_model or _environment_model(),
-        profile=profile,
-        logprobs=context.logprobs,
-        retry=_ONE_ATTEMPT,
-        on_error=context.on_error,
-        cache=None,  # judgments are cached by the graph's node cache, if any
-    )
+        return PROFILES[profile]
+    return profile
 
 
 def _template(context: QueryContext) -> ExecutionTemplate:
@@ -257,7 +263,7 @@ def load_rulebook(state: QueryState) -> dict[str, Any]:
     a rulebook or documents present here were given to this run.
     """
     context = _context()
-    _judge(context)  # unknown profile or template names fail before any model call
+    _profile(context)  # unknown profile or template names fail before any model call
     _template(context)
     update: dict[str, Any] = {
         "verdicts": Overwrite([]),
@@ -395,9 +401,11 @@ def apply_review(rules: list[dict[str, Any]], decision: object) -> list[dict[str
     return rules
 
 
-def to_matches(state: QueryState) -> list[Send] | str:
+def to_matches(
+    state: QueryState, retry: CallRetry = _DEFAULT_RETRY
+) -> list[Send] | str:
     """One `match_rule` task per candidate rule."""
-    judge = _judge(_context())
+    judge = _judge(_context(), retry)
     sends = []
     for rule_data in state.get("rules") or []:
         rule = Rule.model_validate(rule_data)
@@ -422,22 +430,25 @@ class MatchRequest(TypedDict):
     cache_key: str
 
 
-def match_rule(request: MatchRequest, config: RunnableConfig) -> dict[str, Any]:
+def match_rule(
+    request: MatchRequest, config: RunnableConfig, retry: CallRetry = _DEFAULT_RETRY
+) -> dict[str, Any]:
     """Judge one rule against the query (the judge never sees the action).
 
-    A judgment that still fails after the node's retries stops the run (never a
+    A judgment that still fails after the judge's retries stops the run (never a
     silent NO); a checkpointed run resumes from there.
     """
     rule = Rule.model_validate(request["rule"])
-    verdict = _judge(_context()).invoke((request["query"], rule), config)
+    verdict = _judge(_context(), retry).invoke((request["query"], rule), config)
     return {"verdicts": [verdict.model_dump(mode="json")]}
 
 
-async def amatch_rule(request: MatchRequest, config: RunnableConfig) -> dict[str, Any]:
+async def amatch_rule(
+    request: MatchRequest, config: RunnableConfig, retry: CallRetry = _DEFAULT_RETRY
+) -> dict[str, Any]:
     """Async `match_rule`."""
     rule = Rule.model_validate(request["rule"])
-    judge = _judge(_context())
-    verdict = await judge.ainvoke((request["query"], rule), config)
+    verdict = await _judge(_context(), retry).ainvoke((request["query"], rule), config)
     return {"verdicts": [verdict.model_dump(mode="json")]}
 
 
@@ -515,9 +526,11 @@ def build_query_graph(
         checkpointer: Needed for `review` (interrupts) and to keep threads.
         cache: LangGraph node cache for judgments: a (query, rule) pair already
             judged by the same model and profile is not sent again.
-        retry: Backoff for transient model errors on the judge and executor nodes.
+        retry: Backoff for transient model errors: the judge's own retries (they
+            honour `Retry-After`; a judge given in the context gets these in place
+            of its own) and the extraction and executor nodes' retry policy.
     """
-    retry = retry or CallRetry()
+    retry = retry or _DEFAULT_RETRY
     node_retry = retry.as_node_policy()
     builder = StateGraph(
         QueryState,
@@ -535,8 +548,11 @@ def build_query_graph(
     builder.add_node("plan", _join)
     builder.add_node(
         "match_rule",
-        RunnableLambda(match_rule, afunc=amatch_rule, name="match_rule"),
-        retry_policy=node_retry,
+        RunnableLambda(
+            functools.partial(match_rule, retry=retry),
+            afunc=functools.partial(amatch_rule, retry=retry),
+            name="match_rule",
+        ),
         cache_policy=CachePolicy(key_func=_judgment_key),
         input_schema=MatchRequest,
     )
@@ -545,7 +561,9 @@ def build_query_graph(
     builder.add_conditional_edges("load_rulebook", after_load, ["extract", "plan"])
     builder.add_edge("extract", "review")
     builder.add_edge("review", "plan")
-    builder.add_conditional_edges("plan", to_matches, ["match_rule", "execute"])
+    builder.add_conditional_edges(
+        "plan", functools.partial(to_matches, retry=retry), ["match_rule", "execute"]
+    )
     builder.add_edge("match_rule", "execute")
     builder.add_edge("execute", END)
     return builder.compile(checkpointer=checkpointer, cache=cache, name="tag_query")

@@ -8,8 +8,10 @@ actions, principle P3).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import threading
 import time
 import warnings
 from collections import defaultdict
@@ -29,8 +31,10 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig, ensure_config
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from langchain_tag._text import check_text
+from langchain_tag._text import check_text, digest
 from langchain_tag.matching.judge import (
+    EXPLORE_RATE,
+    EXPLORED,
     ApplicabilityJudge,
     BaseJudge,
     Verdict,
@@ -38,6 +42,12 @@ from langchain_tag.matching.judge import (
     select_applicable,
 )
 from langchain_tag.matching.limiter import ConcurrencyLimiter
+from langchain_tag.matching.shadow import (
+    RecallEstimate,
+    RetrainPolicy,
+    estimate_recall,
+    explore_pairs,
+)
 from langchain_tag.models import default_chat_model
 from langchain_tag.rules import Rule, Rulebook
 
@@ -116,6 +126,16 @@ class MatchResult(BaseModel):
         description="Share of prompt characters common to all judgments of the query."
     )
     elapsed_seconds: float
+    explored_rule_ids: list[str] = Field(
+        default_factory=list,
+        description="Rules the prefilter skipped but that were judged anyway "
+        "(shadow judging); a YES among them is a miss of the prefilter, returned.",
+    )
+    recall_estimate: RecallEstimate | None = Field(
+        default=None,
+        description="The learned prefilter's recall of YES verdicts so far, "
+        "estimated from the shadow judgments, with its interval.",
+    )
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready digest, as dispatched in the `tag_match` event."""
@@ -130,6 +150,17 @@ class MatchResult(BaseModel):
             "empty_reason": self.reason,
             "prefix_share": round(self.prefix_share, 4),
             "elapsed_seconds": round(self.elapsed_seconds, 4),
+            "explored_rule_ids": self.explored_rule_ids,
+            "prefilter_misses": [
+                v.rule_id
+                for v in self.verdicts
+                if v.applies and v.rule_id in self.explored_rule_ids
+            ],
+            "recall_estimate": (
+                None
+                if self.recall_estimate is None
+                else self.recall_estimate.model_dump()
+            ),
         }
 
 
@@ -188,10 +219,26 @@ class TAGRetriever(BaseRetriever):
     """Judge only rules passing this filter (see `rule_passes`)."""
     prefilter: BaseRetriever | None = None
     """Shortlists candidate rules before judging; its documents name rules by
-    `metadata["rule_id"]` or `id`. None judges every rule, as in the paper."""
+    `metadata["rule_id"]` or `id`. None judges every rule, as in the paper. A
+    prefilter with `partition(text)` (`LearnedPrefilter`) also says which rules it
+    skipped, for shadow judging."""
+    explore: float = Field(default=0.05, ge=0.0, le=1.0)
+    """With a prefilter that says what it skipped: the share of skipped (input,
+    rule) pairs judged anyway, in the same concurrency budget. Labels keep coming
+    for skipped rules, and `MatchResult.recall_estimate` tracks the prefilter's
+    recall live; a YES among them is returned (and counted as a miss)."""
+    retrain_every: int | None = Field(default=None, ge=1)
+    """With a `LearnedPrefilter` and a judge keeping a `verdict_log`: train the
+    prefilter again from the log once this many new verdicts are logged (after the
+    retrieval that crosses the mark, in its thread)."""
 
     _limiter: ConcurrencyLimiter = PrivateAttr()
     _warned_unscored: bool = PrivateAttr(default=False)
+    _shadow_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _yes: list[int] = PrivateAttr(default_factory=lambda: [0, 0])
+    """YES verdicts since the prefilter was trained: [kept, shadow]."""
+    _trained_at: int | None = PrivateAttr(default=None)
+    _training: bool = PrivateAttr(default=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -203,6 +250,15 @@ class TAGRetriever(BaseRetriever):
 
     def model_post_init(self, context: Any, /) -> None:  # noqa: D102
         self._limiter = ConcurrencyLimiter(self.max_concurrency)
+        if self.retrain_every is not None and (
+            not callable(getattr(self.prefilter, "fit", None))
+            or getattr(self.judge, "verdict_log", None) is None
+        ):
+            msg = (
+                "retrain_every needs a prefilter that learns (LearnedPrefilter) and "
+                "a judge keeping a verdict_log to learn from."
+            )
+            raise ValueError(msg)
 
     @classmethod
     def from_rulebook(
@@ -398,14 +454,21 @@ class TAGRetriever(BaseRetriever):
         call = self._call_of(query, kwargs)
         child: RunnableConfig = {"callbacks": run_manager.get_child()}
         candidates = self._filtered(call.rule_filter)
-        if self.prefilter is not None and candidates:
+        explored: list[str] = []
+        if (split := self._partitioned(query, candidates)) is not None:
+            candidates, explored = split
+        elif self.prefilter is not None and candidates:
             shortlist = self.prefilter.invoke(query, child)
             candidates = self._shortlisted(candidates, shortlist)
         verdicts = self.judge.judge_rules(
-            query, candidates, child, limiter=call.limiter
+            query,
+            candidates,
+            self._shadow_config(child, explored),
+            limiter=call.limiter,
         )
-        result = self._result(query, candidates, verdicts, call, started)
+        result = self._result(query, candidates, verdicts, call, started, explored)
         dispatch_custom_event(MATCH_EVENT, result.summary(), config=child)
+        self._retrain_if_due()
         return result.documents
 
     async def _aget_relevant_documents(
@@ -419,14 +482,21 @@ class TAGRetriever(BaseRetriever):
         call = self._call_of(query, kwargs)
         child: RunnableConfig = {"callbacks": run_manager.get_child()}
         candidates = self._filtered(call.rule_filter)
-        if self.prefilter is not None and candidates:
+        explored: list[str] = []
+        if (split := self._partitioned(query, candidates)) is not None:
+            candidates, explored = split
+        elif self.prefilter is not None and candidates:
             shortlist = await self.prefilter.ainvoke(query, child)
             candidates = self._shortlisted(candidates, shortlist)
         verdicts = await self.judge.ajudge_rules(
-            query, candidates, child, limiter=call.limiter
+            query,
+            candidates,
+            self._shadow_config(child, explored),
+            limiter=call.limiter,
         )
-        result = self._result(query, candidates, verdicts, call, started)
+        result = self._result(query, candidates, verdicts, call, started, explored)
         await adispatch_custom_event(MATCH_EVENT, result.summary(), config=child)
+        await asyncio.to_thread(self._retrain_if_due)
         return result.documents
 
     # -- the steps around the judgments -----------------------------------------------
@@ -435,6 +505,63 @@ class TAGRetriever(BaseRetriever):
         call = kwargs.get(_CALL)
         # Subclasses and tests may call the BaseRetriever hooks directly.
         return call if isinstance(call, _Call) else self._call(query, None, {})[_CALL]
+
+    def _partitioned(
+        self, query: str, candidates: list[Rule]
+    ) -> tuple[list[Rule], list[str]] | None:
+        """Candidates a learned prefilter keeps, plus the skipped ones explored."""
+        partition = getattr(self.prefilter, "partition", None)
+        if partition is None or not candidates:
+            return None
+        judged, skipped = partition(query)
+        explored = explore_pairs(skipped, digest(query), rate=self.explore)
+        wanted = {*judged, *explored}
+        kept = [rule for rule in candidates if rule.rule_id in wanted]
+        return kept, [rule_id for rule_id in explored if rule_id in wanted]
+
+    def _shadow_config(
+        self, config: RunnableConfig, explored: Sequence[str]
+    ) -> RunnableConfig:
+        # The judge marks these verdicts in its log: they weigh 1 / explore.
+        if not explored:
+            return config
+        metadata = {EXPLORED: list(explored), EXPLORE_RATE: self.explore}
+        return {**config, "metadata": {**config.get("metadata", {}), **metadata}}
+
+    def _recall(
+        self, verdicts: Sequence[Verdict], explored: Sequence[str]
+    ) -> RecallEstimate | None:
+        """Count YES verdicts kept and found in the shadow; the running estimate."""
+        if not getattr(self.prefilter, "fitted", False) or not self.explore:
+            return None
+        shadow = set(explored)
+        kept_yes = sum(v.applies for v in verdicts if v.rule_id not in shadow)
+        shadow_yes = sum(v.applies for v in verdicts if v.rule_id in shadow)
+        with self._shadow_lock:
+            self._yes[0] += kept_yes
+            self._yes[1] += shadow_yes
+            kept, found = self._yes
+        return estimate_recall(kept, found, self.explore)
+
+    def _retrain_if_due(self) -> None:
+        if self.retrain_every is None:
+            return
+        log = getattr(self.judge, "verdict_log", None)
+        position = log.position()  # type: ignore[union-attr]
+        with self._shadow_lock:
+            due = not self._training and RetrainPolicy(every=self.retrain_every).due(
+                position, self._trained_at
+            )
+            self._training = self._training or due
+        if not due:
+            return
+        try:
+            self.prefilter.fit(log.examples(self.rulebook))  # type: ignore[union-attr]
+        finally:
+            with self._shadow_lock:
+                self._training = False
+                self._trained_at = position
+                self._yes = [0, 0]  # the new model's recall is counted afresh
 
     def _filtered(self, rule_filter: RuleFilter | None) -> list[Rule]:
         return [rule for rule in self.rulebook.rules if rule_passes(rule, rule_filter)]
@@ -461,6 +588,7 @@ class TAGRetriever(BaseRetriever):
         verdicts: list[Verdict],
         call: _Call,
         started: float,
+        explored: Sequence[str] = (),
     ) -> MatchResult:
         k, threshold, rule_filter = call.k, call.threshold, call.rule_filter
         rules = {rule.rule_id: rule for rule in candidates}
@@ -509,6 +637,8 @@ class TAGRetriever(BaseRetriever):
             reason=reason,
             prefix_share=self.judge.prefix_share(query, candidates),
             elapsed_seconds=time.perf_counter() - started,
+            explored_rule_ids=list(explored),
+            recall_estimate=self._recall(verdicts, explored),
         )
         if call.sink is not None:
             call.sink.append(result)

@@ -4,6 +4,8 @@ tag extract FILES... --domain D -o rulebook.json
 tag run RULEBOOK "input"
 tag eval nba|obliqa|humaneval|all [--offline] [--limit N] [--out DIR]
 tag demo [--sections TITLES] [--offline]
+tag verdicts stats|export [LOG]
+tag prefilter train RULEBOOK [LOG] -o MODEL
 
 Each command module registers its options and imports what it runs only when it
 runs, so `tag --help` loads neither LangGraph nor the judge.
@@ -15,7 +17,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from langchain_tag.cli import demo, eval, extract, run  # noqa: A004 - `tag eval`
+from langchain_tag.cli import (
+    demo,
+    eval,  # noqa: A004 - `tag eval`
+    extract,
+    prefilter,
+    run,
+    verdicts,
+)
 from langchain_tag.cli.errors import CommandError
 
 
@@ -27,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         "applicability.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for command in (extract, run, eval, demo):
+    for command in (extract, run, eval, demo, verdicts, prefilter):
         command.add_parser(commands)
     return parser
 

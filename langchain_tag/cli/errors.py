@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from langchain_tag.models import CallRetry
-
 
 class CommandError(Exception):
     """A problem the user can fix; printed without a traceback."""
@@ -18,6 +16,7 @@ class CommandError(Exception):
 def model_failed(error: Exception) -> bool:
     """Whether `error` is the model provider failing, after the retries."""
     from langchain_tag.matching import JudgmentError  # noqa: PLC0415 - loads the judge
+    from langchain_tag.models import CallRetry  # noqa: PLC0415 - loads langchain-core
 
     return (
         isinstance(error, JudgmentError)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from langchain_tag.cli.errors import CommandError
 from langchain_tag.data import DATA_DIR_ENV, shared_data_dir
-from langchain_tag.models import ModelNotConfiguredError, default_chat_model
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -101,6 +100,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _model(name: str | None, role: str, notices: list[str]) -> BaseChatModel | None:
+    from langchain_tag.models import (  # noqa: PLC0415 - loads langchain-core
+        ModelNotConfiguredError,
+        default_chat_model,
+    )
+
     if name:
         return default_chat_model(model=name)
     try:
@@ -158,7 +162,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
         None if args.offline else _model(args.executor_model, "executor", notices)
     )
     cheap = (
-        default_chat_model(model=args.cheap_judge_model)
+        _model(args.cheap_judge_model, "cheap judge", notices)
         if args.cheap_judge_model
         else None
     )

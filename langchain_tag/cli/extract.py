@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, TextIO
 
 from langchain_tag._text import describe_error
 from langchain_tag.cli.errors import CommandError, at_least, model_failed
-from langchain_tag.rules import wide_encoding
 
 if TYPE_CHECKING:
     from langchain_core.documents import Document
@@ -67,6 +66,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def read_documents(paths: Sequence[str]) -> list[Document]:
     """Read text files as documents, with errors that name the file and the fix."""
     from langchain_core.documents import Document  # noqa: PLC0415
+
+    from langchain_tag.rules import wide_encoding  # noqa: PLC0415
 
     documents = []
     for name in paths:

@@ -82,15 +82,25 @@ def _read_json(path: Path) -> Any:
         raise DatasetError(msg) from None
 
 
-def _json_lines(path: Path, lines: Iterator[str]) -> Iterator[tuple[int, Any]]:
+def _json_lines(path: Path, lines: Iterable[str]) -> Iterator[tuple[str, Any]]:
+    """`("line N", record)` for each non-blank line of a JSON-lines file."""
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            yield number, json.loads(line)
+            yield f"line {number}", json.loads(line)
         except json.JSONDecodeError as exc:
             msg = f"{path} line {number} is not valid JSON ({exc.msg})."
             raise DatasetError(msg) from None
+
+
+def _json_list(path: Path, what: str) -> Iterator[tuple[str, Any]]:
+    """`(f"{what} N", entry)` for each entry of a file holding a JSON list."""
+    entries = _read_json(path)
+    if not isinstance(entries, list):
+        msg = f"{path} is not a JSON list of {what}s."
+        raise DatasetError(msg)
+    return ((f"{what} {i}", entry) for i, entry in enumerate(entries))
 
 
 def _invalid(path: Path, where: str, exc: ValidationError) -> DatasetError:
@@ -191,24 +201,20 @@ class NBADataset(BaseModel):
         )
 
 
-def _nba_text(record: Mapping[str, Any]) -> str:
-    blocks = (
-        ("Team Situations:", record["team_situations"]),
-        ("Player Situations:", record["player_situations"]),
-        ("Operations:", record["operations"]),
-    )
-    return "\n\n".join(heading + "\n" + "\n".join(lines) for heading, lines in blocks)
+_NBA_BLOCKS = {
+    "team_situations": "Team Situations:",
+    "player_situations": "Player Situations:",
+    "operations": "Operations:",
+}
+"""A problem's fields that make up its text, with their headings, in order."""
 
 
-def _catalogue_rule(path: Path, position: int, entry: Any) -> Rule:
+def _catalogue_rule(entry: Any) -> Rule:
     if not isinstance(entry, dict) or not {"rule_id", "category", "description"} <= (
         entry.keys()
     ):
-        msg = (
-            f"{path} entry {position} is not an object with rule_id, category and "
-            "description."
-        )
-        raise DatasetError(msg)
+        msg = "not an object with rule_id, category and description"
+        raise ValueError(msg)
     description = str(entry["description"])
     return Rule(
         rule_id=entry["rule_id"],
@@ -252,15 +258,13 @@ def _nba_problem(
 ) -> NBAProblem:
     gold, dropped = _gold_labels(record["relevant_rules"], catalogue, aliases)
     return NBAProblem(
-        id=record["id"],
-        level=record["level"],
-        text=_nba_text(record),
-        team_situations=record["team_situations"],
-        player_situations=record["player_situations"],
-        operations=record["operations"],
+        **{key: record[key] for key in ("id", "level", "answer", *_NBA_BLOCKS)},
+        text="\n\n".join(
+            heading + "\n" + "\n".join(record[key])
+            for key, heading in _NBA_BLOCKS.items()
+        ),
         gold_rule_ids=gold,
         dropped_labels=tuple(dropped),
-        answer=record["answer"],
         # Absent (or "") when every operation is legal.
         illegal_operation=record.get("illegal_operation") or None,
         problematic_team=record.get("problematic_team") or None,
@@ -290,15 +294,11 @@ def load_nba(data_dir: str | os.PathLike[str] | None = None) -> NBADataset:
     catalogue_path = _file(root, f"{NBA_DIR}/rule_catalog.json")
     aliases_path = _file(root, f"{NBA_DIR}/rule_label_aliases.json")
     problems_path = _file(root, f"{NBA_DIR}/problems_dev.jsonl")
-    entries = _read_json(catalogue_path)
-    if not isinstance(entries, list):
-        msg = f"{catalogue_path} is not a JSON list of catalogue rules."
-        raise DatasetError(msg)
+    rules = _build_all(
+        catalogue_path, _json_list(catalogue_path, "catalogue rule"), _catalogue_rule
+    )
     try:
-        catalogue = Rulebook.from_rules(
-            [_catalogue_rule(catalogue_path, i, e) for i, e in enumerate(entries)],
-            domain="rulearena-nba-catalogue",
-        )
+        catalogue = Rulebook.from_rules(rules, domain="rulearena-nba-catalogue")
     except ValidationError as exc:
         raise _invalid(catalogue_path, "catalogue", exc) from None
     by_id = {rule.rule_id: rule for rule in catalogue.rules}
@@ -310,7 +310,7 @@ def load_nba(data_dir: str | os.PathLike[str] | None = None) -> NBADataset:
     with problems_path.open(encoding="utf-8") as lines:
         problems = _build_all(
             problems_path,
-            ((f"line {n}", record) for n, record in _json_lines(problems_path, lines)),
+            _json_lines(problems_path, lines),
             functools.partial(_nba_problem, catalogue=by_id, aliases=aliases),
         )
     return NBADataset(
@@ -339,16 +339,8 @@ class ObliQAPassage(BaseModel):
 
     def to_document(self) -> Document:
         """The passage as a LangChain Document with id `unit_id`."""
-        return Document(
-            id=self.unit_id,
-            page_content=self.text,
-            metadata={
-                "unit_id": self.unit_id,
-                "document_id": self.document_id,
-                "passage_id": self.passage_id,
-                "uuid": self.uuid,
-            },
-        )
+        ids = self.model_dump(include={"unit_id", "document_id", "passage_id", "uuid"})
+        return Document(id=self.unit_id, page_content=self.text, metadata=ids)
 
 
 class ObliQAQuestion(BaseModel):
@@ -522,13 +514,7 @@ def _passage(item: Mapping[str, Any]) -> ObliQAPassage:
 
 
 def _passages(path: Path) -> list[ObliQAPassage]:
-    raw = _read_json(path)
-    if not isinstance(raw, list):
-        msg = f"{path} is not a JSON list of passages."
-        raise DatasetError(msg)
-    unplaced = _build_all(
-        path, ((f"passage {i}", item) for i, item in enumerate(raw)), _passage
-    )
+    unplaced = _build_all(path, _json_list(path, "passage"), _passage)
     placed = []
     offset = 0
     for passage in unplaced:
@@ -579,13 +565,9 @@ def load_obliqa(data_dir: str | os.PathLike[str] | None = None) -> ObliQADataset
     if repeated:
         msg = f"{OBLIQA_DIR}/documents: unit ids repeat: {', '.join(repeated[:5])}."
         raise DatasetError(msg)
-    questions_raw = _read_json(questions_path)
-    if not isinstance(questions_raw, list):
-        msg = f"{questions_path} is not a JSON list of questions."
-        raise DatasetError(msg)
     questions = _build_all(
         questions_path,
-        ((f"question {i}", item) for i, item in enumerate(questions_raw)),
+        _json_list(questions_path, "question"),
         functools.partial(_question, units=seen),
     )
     titles_path = root / OBLIQA_DIR / "document_map.json"
@@ -622,9 +604,7 @@ def load_humaneval(
     try:
         with gzip.open(path, "rt", encoding="utf-8") as lines:
             return _build_all(
-                path,
-                ((f"line {n}", record) for n, record in _json_lines(path, lines)),
-                HumanEvalProblem.model_validate,
+                path, _json_lines(path, lines), HumanEvalProblem.model_validate
             )
     except (OSError, EOFError) as exc:
         msg = f"{path} is not a readable gzip file ({exc}); restore it."

@@ -8,20 +8,24 @@ and 99% of the gold pairs. An AUC near 0.5 means similarity says nothing about
 applicability; a small N95 means a similarity prefilter in front of the judge is
 cheap to make safe.
 
-`diagnose` runs it for the prefilters' scorers on a task's inputs and gold rules.
+`diagnose` runs it for the prefilters' scorers on a task's inputs and gold rules,
+and, as the `learned` scorer ("learned from verdicts"), for a `LearnedPrefilter`
+trained k-fold on the gold labels: each input's rules ranked by the margins of the
+prefilter trained on the other folds.
 """
 
 from __future__ import annotations
 
-import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
 from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_tag.evaluation.embedding_cache import shared_embeddings
-from langchain_tag.evaluation.methods import PREFILTER_KINDS
-from langchain_tag.evaluation.metrics import n_for_recall, recall_at_k, roc_auc
+from langchain_tag.evaluation.learned import LearnedScorer, fit_kfold
+from langchain_tag.evaluation.methods import PREFILTER_KINDS, Scorer
+from langchain_tag.evaluation.metrics import mean, n_for_recall, recall_at_k, roc_auc
 from langchain_tag.evaluation.tasks import EvalTask, TaskName
 from langchain_tag.matching import prefilters
 from langchain_tag.matching.prefilters import SimilarityScorer, rank_by_score
@@ -129,12 +133,8 @@ def mismatch_diagnostic(
         units_total=units_total or 0,
         gold_pairs=sum(pooled_labels),
         roc_auc_pooled=roc_auc(pooled_scores, pooled_labels),
-        roc_auc_mean_per_query=math.fsum(per_query_auc) / len(per_query_auc)
-        if per_query_auc
-        else None,
-        recall_at_k={
-            k: math.fsum(values) / len(values) for k, values in recalls.items()
-        },
+        roc_auc_mean_per_query=mean(per_query_auc),
+        recall_at_k={k: statistics.fmean(values) for k, values in recalls.items()},
         n_for_95_recall=n_for_recall(rankings, 0.95),
         n_for_99_recall=n_for_recall(rankings, 0.99),
     )
@@ -144,7 +144,8 @@ class DiagnosticResult(BaseModel):
     """How well one similarity scorer predicts the gold rules of a task's inputs."""
 
     task: TaskName
-    scorer: prefilters.Method
+    scorer: Scorer
+    """A similarity scorer, or `learned`: the learned prefilter's held-out margins."""
     report: MismatchReport
 
 
@@ -158,14 +159,16 @@ DIAGNOSTIC_KS: Mapping[TaskName, tuple[int, ...]] = {
 def diagnose(
     task: EvalTask,
     embeddings: Embeddings | None = None,
-    scorers: Iterable[prefilters.Method] = PREFILTER_KINDS,
+    scorers: Iterable[Scorer] = PREFILTER_KINDS,
 ) -> list[DiagnosticResult]:
     """The mismatch diagnostic of the prefilters' scorers on the task's gold labels.
 
     For each scorer (dense, BM25, hybrid, as the prefilters rank rules): ROC-AUC of
     similarity as a predictor of gold (input, rule) pairs, recall of the top k, and
-    the N a prefilter needs to keep 95% and 99% of the gold pairs. Empty for a task
-    without a rulebook or gold rule labels.
+    the N a prefilter needs to keep 95% and 99% of the gold pairs. With `learned`
+    among `scorers`, the same for a `LearnedPrefilter` trained k-fold on the gold
+    labels (`fit_kfold`), each input's rules ranked by its fold's margins. Empty
+    for a task without a rulebook or gold rule labels.
     """
     gold = task.gold_rules()
     if task.rulebook is None or gold is None:
@@ -173,10 +176,15 @@ def diagnose(
     items = prefilters.rule_items(task.rulebook)
     wanted_kinds = set(scorers)
     bm25 = prefilters.BM25Scorer(items)
-    built: dict[prefilters.Method, SimilarityScorer] = {"bm25": bm25}
+    built: dict[Scorer, SimilarityScorer] = {"bm25": bm25}
     if wanted_kinds & {"dense", "hybrid"}:
         dense = prefilters.DenseScorer(items, shared_embeddings(embeddings))
         built |= {"dense": dense, "hybrid": prefilters.HybridScorer(dense, bm25)}
+    if "learned" in wanted_kinds:
+        built["learned"] = LearnedScorer(
+            fit_kfold(task.rulebook, task.oracle_gold() or {})
+        )
+    order: tuple[Scorer, ...] = (*PREFILTER_KINDS, "learned")
     queries = [(item.id, item.text) for item in task.items if gold[item.id]]
     wanted = {item_id: set(rule_ids) for item_id, rule_ids in gold.items()}
     return [
@@ -187,6 +195,6 @@ def diagnose(
                 queries, wanted, built[kind], DIAGNOSTIC_KS[task.name]
             ),
         )
-        for kind in PREFILTER_KINDS
+        for kind in order
         if kind in wanted_kinds
     ]

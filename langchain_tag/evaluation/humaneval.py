@@ -10,22 +10,19 @@ missing-final-newline (C0304) and trailing-newlines (C0305), as the method says.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from langchain_tag._processes import stop_process_group
 from langchain_tag._text import strip_thinking
 from langchain_tag.evaluation.datasets import HumanEvalProblem
 
@@ -111,102 +108,44 @@ class _Run:
     stderr: str
 
 
-@contextlib.contextmanager
-def _workspace(name: str, code: str) -> Iterator[tuple[Path, Path]]:
-    """A temporary directory holding `code` as `name`: (directory, file)."""
-    with tempfile.TemporaryDirectory(prefix="tag-eval-") as directory:
-        path = Path(directory) / name
-        path.write_text(code, encoding="utf-8")
-        yield Path(directory), path
+def _run(
+    name: str, code: str, argv: Callable[[Path, Path], list[str]], timeout: float
+) -> _Run:
+    """Run `argv(directory, file)` on `code`, kept as `name` in a fresh directory.
 
-
-def _kill_group(pid: int) -> None:
-    # The child leads its own session, so this also ends anything it started.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
-
-
-@contextlib.contextmanager
-def _child_options(cwd: Path) -> Iterator[dict[str, Any]]:
-    """What both runners start the child with: output to files, its own session.
-
-    Files rather than pipes, so a child that prints without end cannot block.
+    The child leads its own session, and the whole group is killed when it ends or
+    times out. Its output goes to files rather than pipes, so a child that prints
+    without end cannot block.
     """
-    with (
-        (cwd / "stdout.txt").open("wb") as stdout,
-        (cwd / "stderr.txt").open("wb") as stderr,
-    ):
-        yield {
-            "cwd": cwd,
-            "stdin": subprocess.DEVNULL,
-            "stdout": stdout,
-            "stderr": stderr,
-            "start_new_session": True,
-        }
-
-
-def _finished(cwd: Path, returncode: int | None, started: float) -> _Run:
-    return _Run(
-        returncode,
-        time.perf_counter() - started,
-        _read(cwd / "stdout.txt"),
-        _read(cwd / "stderr.txt"),
-    )
-
-
-def _run(argv: list[str], cwd: Path, timeout: float) -> _Run:
-    started = time.perf_counter()
-    with _child_options(cwd) as options:
-        # argv is ours; the code under test is a file it names.
-        process = subprocess.Popen(argv, **options)  # noqa: S603
-        try:
-            returncode: int | None = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            returncode = None
-        finally:
-            _kill_group(process.pid)
-            process.wait()
-    return _finished(cwd, returncode, started)
-
-
-async def _arun(argv: list[str], cwd: Path, timeout: float) -> _Run:
-    started = time.perf_counter()
-    with _child_options(cwd) as options:
-        process = await asyncio.create_subprocess_exec(*argv, **options)
-        try:
-            returncode: int | None = await asyncio.wait_for(process.wait(), timeout)
-        except asyncio.TimeoutError:
-            returncode = None
-        finally:
-            _kill_group(process.pid)
-            await process.wait()
-    return _finished(cwd, returncode, started)
-
-
-def _check_argv(program: Path, memory_limit_mb: int) -> list[str]:
-    return [sys.executable, "-I", "-c", _BOOTSTRAP, str(program), str(memory_limit_mb)]
-
-
-def _check_result(run: _Run, timeout: float) -> CheckResult:
-    if run.returncode is None:
-        return CheckResult(
-            passed=False,
-            error=f"timed out after {timeout:g} s",
-            seconds=run.seconds,
-            timed_out=True,
+    with tempfile.TemporaryDirectory(prefix="tag-eval-") as directory:
+        cwd = Path(directory)
+        (cwd / name).write_text(code, encoding="utf-8")
+        started = time.perf_counter()
+        with (
+            (cwd / "stdout.txt").open("wb") as stdout,
+            (cwd / "stderr.txt").open("wb") as stderr,
+        ):
+            # argv is ours; the code under test is a file it names.
+            process = subprocess.Popen(  # noqa: S603
+                argv(cwd, cwd / name),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+            )
+            try:
+                returncode: int | None = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                returncode = None
+            finally:
+                stop_process_group(process, grace=0)
+        seconds = time.perf_counter() - started
+        stdout_text, stderr_text = (
+            (cwd / output).read_text(encoding="utf-8", errors="replace")
+            for output in ("stdout.txt", "stderr.txt")
         )
-    if run.returncode == 0:
-        return CheckResult(passed=True, seconds=run.seconds)
-    tail = run.stderr.strip()[-_STDERR_TAIL:]
-    return CheckResult(
-        passed=False,
-        error=tail or f"exited with status {run.returncode}",
-        seconds=run.seconds,
-    )
+        return _Run(returncode, seconds, stdout_text, stderr_text)
 
 
 def run_check(
@@ -228,12 +167,27 @@ def run_check(
     Returns:
         Passed iff the program exits with status 0 within the timeout.
     """
-    with _workspace("program.py", check_program(problem, completion_code)) as (
-        directory,
-        program,
-    ):
-        run = _run(_check_argv(program, memory_limit_mb), directory, timeout)
-    return _check_result(run, timeout)
+
+    def argv(_directory: Path, program: Path) -> list[str]:
+        limit = str(memory_limit_mb)
+        return [sys.executable, "-I", "-c", _BOOTSTRAP, str(program), limit]
+
+    run = _run("program.py", check_program(problem, completion_code), argv, timeout)
+    if run.returncode is None:
+        return CheckResult(
+            passed=False,
+            error=f"timed out after {timeout:g} s",
+            seconds=run.seconds,
+            timed_out=True,
+        )
+    if run.returncode == 0:
+        return CheckResult(passed=True, seconds=run.seconds)
+    tail = run.stderr.strip()[-_STDERR_TAIL:]
+    return CheckResult(
+        passed=False,
+        error=tail or f"exited with status {run.returncode}",
+        seconds=run.seconds,
+    )
 
 
 async def arun_check(
@@ -243,13 +197,10 @@ async def arun_check(
     *,
     memory_limit_mb: int = 2048,
 ) -> CheckResult:
-    """`run_check`, without blocking the event loop."""
-    with _workspace("program.py", check_program(problem, completion_code)) as (
-        directory,
-        program,
-    ):
-        run = await _arun(_check_argv(program, memory_limit_mb), directory, timeout)
-    return _check_result(run, timeout)
+    """`run_check` in a worker thread, without blocking the event loop."""
+    return await asyncio.to_thread(
+        run_check, problem, completion_code, timeout, memory_limit_mb=memory_limit_mb
+    )
 
 
 def _pylint_argv(directory: Path, module: Path) -> list[str]:
@@ -268,7 +219,18 @@ def _pylint_argv(directory: Path, module: Path) -> list[str]:
     ]
 
 
-def _pylint_result(run: _Run) -> float:
+def pylint_score(code: str) -> float:
+    """Pylint's score of `code` (0-10), default rules minus C0304 and C0305.
+
+    Code that does not parse scores 0, as pylint rates it; so does blank code (no
+    answer), which pylint itself would rate 10.
+
+    Raises:
+        RuntimeError: Pylint failed or timed out.
+    """
+    if not code.strip():
+        return 0.0
+    run = _run("solution.py", code, _pylint_argv, _PYLINT_TIMEOUT)
     if run.returncode is None:
         msg = f"pylint did not finish within {_PYLINT_TIMEOUT:g} s"
         raise RuntimeError(msg)
@@ -283,26 +245,6 @@ def _pylint_result(run: _Run) -> float:
         raise RuntimeError(msg) from None
 
 
-def pylint_score(code: str) -> float:
-    """Pylint's score of `code` (0-10), default rules minus C0304 and C0305.
-
-    Code that does not parse scores 0, as pylint rates it; so does blank code (no
-    answer), which pylint itself would rate 10.
-
-    Raises:
-        RuntimeError: Pylint failed or timed out.
-    """
-    if not code.strip():
-        return 0.0
-    with _workspace("solution.py", code) as (directory, module):
-        run = _run(_pylint_argv(directory, module), directory, _PYLINT_TIMEOUT)
-    return _pylint_result(run)
-
-
 async def apylint_score(code: str) -> float:
-    """`pylint_score`, without blocking the event loop."""
-    if not code.strip():
-        return 0.0
-    with _workspace("solution.py", code) as (directory, module):
-        run = await _arun(_pylint_argv(directory, module), directory, _PYLINT_TIMEOUT)
-    return _pylint_result(run)
+    """`pylint_score` in a worker thread, without blocking the event loop."""
+    return await asyncio.to_thread(pylint_score, code)

@@ -1,12 +1,11 @@
 """The methods compared: each way of choosing what the executor is given, as data.
 
 A method picks the units (rules, chunks or passages) the executor is given for an
-input, so every method is built as a LangChain `BaseRetriever`: no retrieval, all
-rules, similarity over chunks or rules, the similarity prefilters, TAG with or
-without a prefilter, the TAG cascade, the relevance reranker, the judge over
-chunks, LangChain's `LLMChainFilter`, and the oracle (TAG through the real
-`TAGRetriever`, judged by a chat model that reads the gold labels: an upper bound,
-never a result).
+input, so every method is built as a LangChain `BaseRetriever`, from no retrieval
+to TAG and the oracle (TAG through the real `TAGRetriever`, judged by a chat model
+that reads the gold labels: an upper bound, never a result). `tag+learned` and
+`oracle+learned` put a `LearnedPrefilter` in front of the judge, k-fold over the
+inputs: each input's prefilter was trained on the other folds' verdicts only.
 
 `standard_methods(task)` is the registry: one `Method` row each, naming its builder,
 a plain function of the `MethodContext` with its parameters bound by
@@ -29,8 +28,10 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
 from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableConfig
 
 from langchain_tag import baselines
+from langchain_tag.evaluation.learned import KFOLDS, fit_kfold
 from langchain_tag.evaluation.oracle import oracle_judge
 from langchain_tag.evaluation.tasks import EvalTask, TaskName, UnitKind
 from langchain_tag.matching import (
@@ -44,6 +45,7 @@ from langchain_tag.rules import Rulebook
 
 __all__ = [
     "CHUNK_KS",
+    "LEARNED_NOTES",
     "PREFILTER_KINDS",
     "PREFILTER_NS",
     "RULES_PER_CALL",
@@ -53,6 +55,7 @@ __all__ = [
     "Method",
     "MethodContext",
     "Requirement",
+    "Scorer",
     "ShortlistedRules",
     "select_methods",
     "standard_methods",
@@ -84,6 +87,10 @@ JudgeKind = Literal["model", "cascade", "oracle"]
 """TAG's judge: the judge model, the cascade in front of it, or the oracle."""
 
 Shortlist = tuple[prefilters.Method, int]
+
+Scorer = Literal[prefilters.Method, "learned"]
+"""What ranks rules in the mismatch diagnostic: a similarity scorer, or the learned
+prefilter's held-out margins (`learned`)."""
 """A prefilter: its similarity scorer and how many rules it keeps."""
 
 CHUNK_KS = (5, 10, 15, 20)
@@ -98,19 +105,15 @@ PREFILTER_NS: Mapping[TaskName, tuple[int, ...]] = {
     "humaneval": (10, 20, 40),
 }
 
-RULE_SIMILARITY_KS: Mapping[TaskName, tuple[int, ...]] = {
-    # Around TAG's mean picks in the paper (14-21 rules) and the gold label count.
-    "nba": (10,),
-    "obliqa": (10,),
-    "humaneval": (10,),
-}
+RULE_SIMILARITY_KS = (10,)
+"""The top k of similar rules: around TAG's mean picks in the paper (14-21 rules)
+and the gold label count."""
 
 TAG_PREFILTER: Mapping[TaskName, Shortlist] = {
-    "nba": ("hybrid", 20),
-    "obliqa": ("hybrid", 50),
-    "humaneval": ("hybrid", 40),
+    task: ("hybrid", max(sizes)) for task, sizes in PREFILTER_NS.items()
 }
-"""The prefilter put in front of TAG (and of the oracle, to bound TAG + prefilter)."""
+"""The largest hybrid prefilter, put in front of TAG (and of the oracle, to bound
+TAG + prefilter)."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,18 @@ _JUDGE: tuple[Requirement, ...] = ("judge",)
 _JUDGED: tuple[Requirement, ...] = ("rulebook", "judge")
 _CASCADE: tuple[Requirement, ...] = ("rulebook", "judge", "cheap_judge")
 _ORACLE: tuple[Requirement, ...] = ("rulebook", "gold")
+_JUDGED_LEARNED: tuple[Requirement, ...] = ("rulebook", "judge", "gold")
+
+_LEARNED_FROM_GOLD = (
+    f"learned prefilter: {KFOLDS}-fold over the inputs, each fold's trained on the "
+    "other folds' verdicts"
+)
+LEARNED_NOTES: Mapping[JudgeKind, str] = {
+    "oracle": f"{_LEARNED_FROM_GOLD}: the oracle's (gold labels)",
+    "model": f"{_LEARNED_FROM_GOLD}: the gold labels standing in for the judge "
+    "model's (the harness does not collect its verdicts beforehand)",
+}
+"""What the learned methods trained on, added to their rows' notes."""
 
 
 @dataclass(frozen=True)
@@ -178,8 +193,11 @@ class Method:
     build: Builder
     """Builds the method's retriever for a task."""
     needs: tuple[Requirement, ...] = ()
-    scorer: prefilters.Method | None = None
-    """For a prefilter method: the similarity scorer it ranks rules by."""
+    scorer: Scorer | None = None
+    """For a prefilter method, the similarity scorer it ranks rules by; for a
+    learned one, `learned`: the diagnostic row the method stands on."""
+    notes: tuple[str, ...] = ()
+    """Said of every result of the method (e.g. what it was trained on)."""
 
 
 # --- Builders -------------------------------------------------------------------------
@@ -259,6 +277,20 @@ def _tag(
     )
 
 
+def _tag_learned(context: MethodContext, *, judge: JudgeKind) -> BaseRetriever:
+    """TAG behind a learned prefilter, k-fold over the inputs.
+
+    Trained on the gold labels (the oracle's verdicts) of the other folds, for the
+    judge model too (see `LEARNED_NOTES`).
+    """
+    return TAGRetriever(
+        rulebook=context.rules(),
+        judge=_judge(context, judge),
+        prefilter=fit_kfold(context.rules(), context.task.oracle_gold() or {}),
+        max_concurrency=context.max_concurrency,
+    )
+
+
 def _reranker(context: MethodContext) -> BaseRetriever:
     return baselines.RelevanceReranker(
         rulebook=context.rules(),
@@ -296,16 +328,14 @@ class ShortlistedRules(BaseRetriever):
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun
     ) -> list[Document]:
-        found = self.shortlist.invoke(query, {"callbacks": run_manager.get_child()})
-        return self._as_rules(found)
+        config: RunnableConfig = {"callbacks": run_manager.get_child()}
+        return self._as_rules(self.shortlist.invoke(query, config))
 
     async def _aget_relevant_documents(
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
     ) -> list[Document]:
-        found = await self.shortlist.ainvoke(
-            query, {"callbacks": run_manager.get_child()}
-        )
-        return self._as_rules(found)
+        config: RunnableConfig = {"callbacks": run_manager.get_child()}
+        return self._as_rules(await self.shortlist.ainvoke(query, config))
 
     def _as_rules(self, found: Sequence[Document]) -> list[Document]:
         rules = []
@@ -331,6 +361,8 @@ def standard_methods(task: TaskName) -> list[Method]:
     # ObliQA's rulebook is its passages, one pseudo-rule each.
     rules: UnitKind = "passages" if task == "obliqa" else "rules"
     scorer, n = behind = TAG_PREFILTER[task]
+    behind_name = f"+{scorer}-n{n}"
+    tag, oracle = partial(_tag, judge="model"), partial(_tag, judge="oracle")
     return [
         # M0: the executor gets no guidance. M1: every rule's action.
         Method("m0-no-retrieval", "none", rules, _no_retrieval),
@@ -349,7 +381,7 @@ def standard_methods(task: TaskName) -> list[Method]:
                 partial(_similar_rules, k=k),
                 _RULEBOOK,
             )
-            for k in RULE_SIMILARITY_KS[task]
+            for k in RULE_SIMILARITY_KS
         ),
         # A prefilter's N rules, unjudged.
         *(
@@ -366,24 +398,24 @@ def standard_methods(task: TaskName) -> list[Method]:
         ),
         # M3: TAG, one applicability judgment per rule, of all rules or of the
         # prefilter's; the cascade's cheap judge's confident NOs are final.
-        Method("tag", "tag", rules, partial(_tag, judge="model"), _JUDGED),
+        Method("tag", "tag", rules, tag, _JUDGED),
         Method(
-            f"tag+{scorer}-n{n}",
+            "tag" + behind_name, "tag", rules, partial(tag, shortlist=behind), _JUDGED
+        ),
+        # TAG behind a prefilter trained on past verdicts (k-fold over the inputs).
+        Method(
+            "tag+learned",
             "tag",
             rules,
-            partial(_tag, judge="model", shortlist=behind),
-            _JUDGED,
+            partial(_tag_learned, judge="model"),
+            _JUDGED_LEARNED,
+            scorer="learned",
+            notes=(LEARNED_NOTES["model"],),
         ),
         # Several rules per judge call: fewer calls and tokens, quality to measure.
         *(
-            Method(
-                f"tag-b{size}",
-                "tag",
-                rules,
-                partial(_tag, judge="model", rules_per_call=size),
-                _JUDGED,
-            )
-            for size in RULES_PER_CALL
+            Method(f"tag-b{b}", "tag", rules, partial(tag, rules_per_call=b), _JUDGED)
+            for b in RULES_PER_CALL
         ),
         Method(
             "tag-cascade", "cascade", rules, partial(_tag, judge="cascade"), _CASCADE
@@ -407,13 +439,22 @@ def standard_methods(task: TaskName) -> list[Method]:
         ),
         # TAG judged from the gold labels: the upper bound of TAG, and of TAG
         # behind the prefilter.
-        Method("oracle", "oracle", rules, partial(_tag, judge="oracle"), _ORACLE),
+        Method("oracle", "oracle", rules, oracle, _ORACLE),
         Method(
-            f"oracle+{scorer}-n{n}",
+            "oracle" + behind_name,
             "oracle",
             rules,
-            partial(_tag, judge="oracle", shortlist=behind),
+            partial(oracle, shortlist=behind),
             _ORACLE,
+        ),
+        Method(
+            "oracle+learned",
+            "oracle",
+            rules,
+            partial(_tag_learned, judge="oracle"),
+            _ORACLE,
+            scorer="learned",
+            notes=(LEARNED_NOTES["oracle"],),
         ),
     ]
 

@@ -13,6 +13,7 @@ Conventions, stated once:
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Collection, Iterable, Sequence
@@ -172,18 +173,13 @@ def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
     negatives = len(labels) - positives
     if not positives or not negatives:
         return None
-    order = sorted(range(len(scores)), key=scores.__getitem__)
     rank_sum = 0.0  # sum of the positives' 1-based mid-ranks
-    start = 0
-    while start < len(order):
-        stop = start
-        while stop + 1 < len(order) and (
-            scores[order[stop + 1]] == scores[order[start]]
-        ):
-            stop += 1
-        mid_rank = (start + stop) / 2 + 1
-        rank_sum += mid_rank * sum(1 for i in order[start : stop + 1] if labels[i])
-        start = stop + 1
+    start = 0  # how many scores rank below the tied group
+    ranked = sorted(zip(scores, labels, strict=True), key=lambda pair: pair[0])
+    for _, tied in itertools.groupby(ranked, key=lambda pair: pair[0]):
+        group = [label for _, label in tied]
+        rank_sum += (start + (len(group) - 1) / 2 + 1) * sum(map(bool, group))
+        start += len(group)
     u = rank_sum - positives * (positives + 1) / 2
     return u / (positives * negatives)
 

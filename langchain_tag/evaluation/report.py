@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from langchain_tag.evaluation.diagnostic import DiagnosticResult
+from langchain_tag.evaluation.learned import KFOLDS
 from langchain_tag.evaluation.runner import EvalResult
 from langchain_tag.evaluation.tasks import METRICS, TASKS, TaskName
 
@@ -43,6 +44,11 @@ TASK_TITLES: dict[TaskName, str] = {
     "obliqa": "ObliQA sample",
     "humaneval": "HumanEval + PEP 8",
 }
+
+SCORER_LABELS: dict[str, str] = {
+    "learned": f"learned from verdicts ({KFOLDS}-fold)",
+}
+"""How the diagnostic table names a scorer (others by their key)."""
 
 
 class ReportFiles(NamedTuple):
@@ -122,7 +128,7 @@ def _diagnostic_section(diagnostics: Sequence[DiagnosticResult]) -> str:
     )
     rows = (
         [
-            d.scorer,
+            SCORER_LABELS.get(d.scorer, d.scorer),
             d.report.roc_auc_pooled,
             d.report.roc_auc_mean_per_query,
             *(d.report.recall_at_k.get(k) for k in ks),
@@ -195,19 +201,20 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
 def write_csv(results: Sequence[EvalResult], path: str | os.PathLike[str]) -> Path:
     """Every field of every result, one row each (notes joined by '; ')."""
     target = Path(path)
-    fields = EvalResult.columns()
     with target.open("w", encoding="utf-8", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer = csv.DictWriter(handle, fieldnames=EvalResult.columns())
         writer.writeheader()
-        for result in results:
-            row = result.model_dump(mode="json")
-            row["notes"] = "; ".join(row["notes"])
-            writer.writerow(row)
+        writer.writerows(
+            {**result.model_dump(mode="json"), "notes": "; ".join(result.notes)}
+            for result in results
+        )
     return target
 
 
-def write_json(results: Sequence[EvalResult], path: str | os.PathLike[str]) -> Path:
-    """The results as a JSON list."""
+def write_json(
+    results: Sequence[EvalResult | DiagnosticResult], path: str | os.PathLike[str]
+) -> Path:
+    """The results (or diagnostics) as a JSON list."""
     target = Path(path)
     payload = [result.model_dump(mode="json") for result in results]
     target.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
@@ -386,20 +393,13 @@ def write_report(
     directory.mkdir(parents=True, exist_ok=True)
     markdown = directory / "results.md"
     markdown.write_text(markdown_table(results, diagnostics), encoding="utf-8")
-    diagnostic = directory / "diagnostic.json"
-    diagnostic.write_text(
-        json.dumps([d.model_dump(mode="json") for d in diagnostics], indent=2) + "\n",
-        encoding="utf-8",
-    )
-    files = ReportFiles(
+    return ReportFiles(
         markdown=markdown,
         csv=write_csv(results, directory / "results.csv"),
         json=write_json(results, directory / "results.json"),
-        diagnostic=diagnostic,
-        plot=None,
+        diagnostic=write_json(diagnostics, directory / "diagnostic.json"),
+        # Plotted last: the tables are written even when matplotlib is missing.
+        plot=plot_cost_quality(results, directory / "cost_quality.png")
+        if plot
+        else None,
     )
-    if plot:
-        files = files._replace(
-            plot=plot_cost_quality(results, directory / "cost_quality.png")
-        )
-    return files

@@ -209,7 +209,7 @@ async def aevaluate(task: EvalTask, **options: Unpack[RunOptions]) -> list[EvalR
     for method in methods:
         reason = context.unavailable(method)
         result = (
-            _skipped(context.task, method, reason)
+            _result(context.task, method, status="skipped", skip_reason=reason)
             if reason is not None
             else await _evaluate_method(context, method, executor)
         )
@@ -219,14 +219,14 @@ async def aevaluate(task: EvalTask, **options: Unpack[RunOptions]) -> list[EvalR
     return results
 
 
-def _skipped(task: EvalTask, method: Method, reason: str) -> EvalResult:
+def _result(task: EvalTask, method: Method, **fields: Any) -> EvalResult:
+    """The row of `method` on `task`."""
     return EvalResult(
         task=task.name,
         method=method.name,
         family=method.family,
         units=method.units,
-        status="skipped",
-        skip_reason=reason,
+        **fields,
     )
 
 
@@ -240,7 +240,8 @@ async def _evaluate_method(
         retriever = await asyncio.to_thread(method.build, context)
     except Exception as error:  # noqa: BLE001 - one bad configuration skips one row
         logger.warning("%s: %s could not be built: %s", task.name, method.name, error)
-        return _skipped(task, method, f"could not be built: {error}")
+        reason = f"could not be built: {error}"
+        return _result(task, method, status="skipped", skip_reason=reason)
     setup_seconds = time.perf_counter() - started
     retrieval, execution = CallCounter(), CallCounter()
     slots = asyncio.Semaphore(context.max_concurrency)
@@ -265,11 +266,9 @@ async def _evaluate_method(
     )
     errors = [o.error for o in outcomes if o.error]
     reported = retrieval.reported or execution.reported
-    return EvalResult(
-        task=task.name,
-        method=method.name,
-        family=method.family,
-        units=method.units,
+    return _result(
+        task,
+        method,
         n=len(outcomes),
         metrics=quality,
         llm_calls=retrieval.calls + execution.calls,
@@ -288,7 +287,7 @@ async def _evaluate_method(
         ),
         failures=len(errors),
         first_error=errors[0] if errors else None,
-        notes=notes,
+        notes=[*method.notes, *notes],
     )
 
 
@@ -303,21 +302,19 @@ async def _run_item(
 ) -> ItemOutcome:
     """Retrieve and execute one input; a failing step ends it, recorded."""
     outcome = ItemOutcome(item)
+    step = "retrieval"
     try:
         outcome.units = await retriever.ainvoke(
             item.text, {"callbacks": [retrieval], "run_name": method.name}
         )
+        if executor is not None:
+            step = "execution"
+            outcome.answer = await executor.ainvoke(
+                {"input": item.task_input or item.text, "rules": outcome.units},
+                {"callbacks": [execution]},
+            )
     except Exception as error:  # noqa: BLE001 - a failed input is counted, not fatal
-        return _failed(task, method, outcome, "retrieval", error)
-    if executor is None:
-        return outcome
-    try:
-        outcome.answer = await executor.ainvoke(
-            {"input": item.task_input or item.text, "rules": outcome.units},
-            {"callbacks": [execution]},
-        )
-    except Exception as error:  # noqa: BLE001 - a failed input is counted, not fatal
-        return _failed(task, method, outcome, "execution", error)
+        _failed(task, method, outcome, step, error)
     return outcome
 
 
@@ -330,12 +327,11 @@ async def _grade(task: EvalTask, method: Method, outcome: ItemOutcome) -> None:
 
 def _failed(
     task: EvalTask, method: Method, outcome: ItemOutcome, step: str, error: Exception
-) -> ItemOutcome:
+) -> None:
     outcome.error = f"{step}: {type(error).__name__}: {error}"
     logger.warning(
         "%s %s %s: %s", task.name, method.name, outcome.item.id, outcome.error
     )
-    return outcome
 
 
 def run_nba(

@@ -6,8 +6,7 @@
 - HumanEval + PEP 8 (`humaneval`): pass@1 of the executor's code, and its pylint
   score.
 
-`METRICS` names each task's quality metrics: the keys of `EvalResult.metrics` and
-the columns of the report.
+`METRICS` names each task's quality metrics (`EvalResult.metrics`, report columns).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import copy
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple
 
 from langchain_core.documents import Document
@@ -122,6 +121,7 @@ class ItemOutcome:
     error: str | None = None
 
 
+@dataclass(eq=False, repr=False)
 class EvalTask(ABC):
     """A task: its inputs, what methods retrieve from, and how answers are scored."""
 
@@ -129,29 +129,21 @@ class EvalTask(ABC):
     template: ClassVar[ExecutionTemplate | None]
     """The executor's template; None for a retrieval-only task."""
 
-    def __init__(
-        self,
-        items: Sequence[EvalItem],
-        *,
-        rulebook: Rulebook | None,
-        documents: Sequence[Document],
-        profile: RuleSchemaProfile = CONDITION_PROFILE,
-        missing_rulebook: str = "",
-    ) -> None:
-        """Describe the task.
+    items: Sequence[EvalItem]
+    """The inputs."""
+    _: KW_ONLY
+    rulebook: Rulebook | None
+    """The rules rule methods select from, or None."""
+    documents: Sequence[Document]
+    """The text chunk methods split and index."""
+    profile: RuleSchemaProfile = CONDITION_PROFILE
+    """What a TAG judge sees of each rule."""
+    missing_rulebook: str = ""
+    """Why there is no rulebook (shown for skipped methods)."""
 
-        Args:
-            items: The inputs.
-            rulebook: The rules rule methods select from, or None.
-            documents: The text chunk methods split and index.
-            profile: What a TAG judge sees of each rule.
-            missing_rulebook: Why there is no rulebook (shown for skipped methods).
-        """
-        self.items = list(items)
-        self.rulebook = rulebook
-        self.documents = list(documents)
-        self.profile = profile
-        self.missing_rulebook = missing_rulebook
+    def __post_init__(self) -> None:
+        """Keep the inputs and documents as lists of their own."""
+        self.items, self.documents = list(self.items), list(self.documents)
 
     def limited(self, limit: int | None) -> Self:
         """This task on its first `limit` inputs only (all for None).
@@ -208,6 +200,7 @@ def _rule_ids(units: Sequence[Document]) -> list[str]:
     ]
 
 
+@dataclass(eq=False, repr=False)
 class NBATask(EvalTask):
     """RuleArena-NBA: rule selection against `relevant_rules`, strict accuracy."""
 
@@ -259,21 +252,20 @@ class NBATask(EvalTask):
         return found, notes
 
 
+@dataclass(eq=False, repr=False)
 class ObliQATask(EvalTask):
     """ObliQA: Recall@10 and MAP@10 of gold passages (retrieval only)."""
 
     name = "obliqa"
     template = None
 
-    def __init__(
-        self,
-        items: Sequence[EvalItem],
-        *,
-        units_of_rule: Callable[[Rule], Iterable[str]],
-        **kwargs: Any,
-    ) -> None:
-        """Describe the task; `units_of_rule` maps a rule to its passages' ids."""
-        super().__init__(items, **kwargs)
+    units_of_rule: InitVar[Callable[[Rule], Iterable[str]]]
+    """Maps a rule to its passages' ids."""
+    passages_of_rule: dict[str, list[str]] = field(init=False)
+
+    def __post_init__(self, units_of_rule: Callable[[Rule], Iterable[str]]) -> None:
+        """Map every rule to its passages."""
+        super().__post_init__()
         # Mapped once: ranking the units of every input looks rules up again and
         # again (M1 returns every rule for every question).
         self.passages_of_rule = {
@@ -327,18 +319,15 @@ class ObliQATask(EvalTask):
         }, []
 
 
+@dataclass(eq=False, repr=False)
 class HumanEvalTask(EvalTask):
     """HumanEval + PEP 8: pass@1 (each `check` in a subprocess) and pylint score."""
 
     name = "humaneval"
     template = CODE_TEMPLATE
 
-    def __init__(
-        self, items: Sequence[EvalItem], *, timeout: float = 10.0, **kwargs: Any
-    ) -> None:
-        """Describe the task; `timeout` bounds each `check` run, in seconds."""
-        super().__init__(items, **kwargs)
-        self.timeout = timeout
+    timeout: float = field(default=10.0, kw_only=True)
+    """Bounds each `check` run, in seconds."""
 
     def gold_rules(self) -> dict[str, frozenset[str]] | None:
         """HumanEval has no gold PEP 8 rule labels."""

@@ -19,10 +19,7 @@ from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig, RunnableSerializable
-from pydantic import (
-    ConfigDict,
-    PrivateAttr,
-)
+from pydantic import ConfigDict, PrivateAttr
 from typing_extensions import TypedDict
 
 from langchain_tag.execution.templates import (

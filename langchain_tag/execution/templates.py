@@ -138,11 +138,12 @@ class NPOVResult(BaseModel):
     rewrite: str
 
 
-_NPOV_LABEL = re.compile(
-    r"^[ \t>#*_-]*(applied rules|reasoning|rewrite)[ \t*_]*:[ \t*_]*",
-    re.IGNORECASE | re.MULTILINE,
-)
-_NPOV_LABELS = ("applied rules", "reasoning", "rewrite")
+_NPOV_LABELS = {
+    label: re.compile(
+        rf"^[ \t>#*_-]*{label}[ \t*_]*:[ \t*_]*", re.IGNORECASE | re.MULTILINE
+    )
+    for label in ("applied rules", "reasoning", "rewrite")
+}
 _ID_SEPARATORS = re.compile(r"[,;\s]+")
 _ID_TRIM = "[]()<>\"'`*."
 _NONE_WORDS = frozenset({"none", "n/a"})
@@ -170,26 +171,14 @@ class NPOVOutputParser(BaseOutputParser[NPOVResult]):
             "three lines 'Applied rules: <ids|NONE>', 'Reasoning: ...', 'Rewrite: ...'"
         )
         found: dict[str, re.Match[str]] = {}
-        position = 0
-        for index, label in enumerate(_NPOV_LABELS):
-            match = next(
-                (
-                    m
-                    for m in _NPOV_LABEL.finditer(cleaned, position)
-                    if m.group(1).lower() == label
-                ),
-                None,
-            )
+        position, where = 0, ""
+        for label, pattern in _NPOV_LABELS.items():
+            match = pattern.search(cleaned, position)
             if match is None:
-                where = (
-                    f" after the {_NPOV_LABELS[index - 1].capitalize()!r} line"
-                    if index
-                    else ""
-                )
                 problem = f"no line starts with {label.capitalize() + ':'!r}{where}"
                 raise _malformed(expected, problem, text)
             found[label] = match
-            position = match.end()
+            position, where = match.end(), f" after the {label.capitalize()!r} line"
         applied = cleaned[found["applied rules"].end() : found["reasoning"].start()]
         reasoning = cleaned[found["reasoning"].end() : found["rewrite"].start()]
         rewrite = cleaned[found["rewrite"].end() :].strip()
@@ -313,26 +302,20 @@ class NBAVerdict(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> NBAVerdict:
+        """An illegal operation names both letters; all legal, neither."""
         named = {"illegal_operation": self.illegal_operation}
         named["problematic_team"] = self.problematic_team
+        wrong = [n for n, value in named.items() if (value is None) == self.answer]
+        if not wrong:
+            return self
         if self.answer:
-            missing = [name for name, value in named.items() if value is None]
-            if missing:
-                msg = (
-                    "answer is true (an operation is illegal) but "
-                    f"{' and '.join(missing)} {_is_are(missing)} null; name the "
-                    "operation and the team"
-                )
-                raise ValueError(msg)
+            state = "true (an operation is illegal)"
+            fix = "null; name the operation and the team"
         else:
-            given = [name for name, value in named.items() if value is not None]
-            if given:
-                msg = (
-                    "answer is false (all operations legal) but "
-                    f"{' and '.join(given)} {_is_are(given)} set; both must be null"
-                )
-                raise ValueError(msg)
-        return self
+            state, fix = "false (all operations legal)", "set; both must be null"
+        verb = "is" if len(wrong) == 1 else "are"
+        msg = f"answer is {state} but {' and '.join(wrong)} {verb} {fix}"
+        raise ValueError(msg)
 
     def answer_line(self) -> str:
         """RuleArena's final answer line, which its accuracy check reads.
@@ -347,13 +330,6 @@ class NBAVerdict(BaseModel):
             f"Answer: True. Illegal Operation: {self.illegal_operation}. "
             f"Problematic Team: {self.problematic_team}."
         )
-
-
-def _is_are(names: Sequence[str]) -> str:
-    return "is" if len(names) == 1 else "are"
-
-
-_NBA_FIELDS = ("answer", "illegal_operation", "problematic_team", "rationale")
 
 
 class NBAVerdictOutputParser(BaseOutputParser[NBAVerdict]):
@@ -379,7 +355,7 @@ class NBAVerdictOutputParser(BaseOutputParser[NBAVerdict]):
         if data is None:
             problem = 'no JSON object with an "answer" key was found'
             raise _malformed(expected, problem, text)
-        missing = [name for name in _NBA_FIELDS if name not in data]
+        missing = [name for name in NBAVerdict.model_fields if name not in data]
         if missing:
             problem = f"the object lacks {', '.join(repr(m) for m in missing)}"
             raise _malformed(expected, problem, text)

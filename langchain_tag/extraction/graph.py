@@ -195,12 +195,14 @@ def _environment_model() -> BaseChatModel:
 
 
 def _model(settings: ExtractionSettings) -> BaseChatModel:
-    # Every extraction call: temperature 0, top_p 1, at most 4096 output tokens.
+    # Every extraction call: temperature 0, top_p 1, at most 4096 output tokens;
+    # the nodes' retry policy is the one retry layer, so the client's is off.
     model, _ = with_settings(
         settings.llm or _environment_model(),
         temperature=0.0,
         top_p=1.0,
         max_tokens=4096,
+        max_retries=0,
     )
     return model
 

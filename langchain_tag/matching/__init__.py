@@ -11,6 +11,9 @@ One judgment per (input, rule), the rule's action withheld from the judge.
 - `prefilters`, `store`: shortlists by similarity (BM25, dense, hybrid, a Chroma
   rule store) before judging; import them from their modules (they load numpy,
   rank-bm25 and chromadb).
+- `verdict_log`, `learned`, `shadow`: the judge's verdicts logged (SQLite or
+  PostgreSQL), a prefilter learned from them (`LearnedPrefilter`), and shadow
+  judging of the pairs it skips, which keeps its recall measured.
 """
 
 from langchain_tag.matching.cascade import CascadeJudge, CascadeStats

@@ -48,6 +48,7 @@ from langchain_tag.matching.judge import (
     JudgmentError,
     Verdict,
 )
+from langchain_tag.models import CallRetry
 from langchain_tag.rules import Rule
 
 Escalation = Literal["yes", "uncertain", "unscored", "failed"]
@@ -140,6 +141,16 @@ class CascadeJudge(BaseJudge):
         return data
 
     @model_validator(mode="after")
+    def _stages_mark_their_logs(self) -> CascadeJudge:
+        # A verdict log tells the stages apart: the cheap judge's verdicts are no
+        # labels to train on, the strong judge's are.
+        if self.cheap.verdict_log is not None and self.cheap.log_source == "judge":
+            self.cheap = self.cheap.remade(log_source="cascade-cheap")
+        if self.strong.verdict_log is not None and self.strong.log_source == "judge":
+            self.strong = self.strong.remade(log_source="cascade-strong")
+        return self
+
+    @model_validator(mode="after")
     def _cheap_can_be_confident(self) -> CascadeJudge:
         if self.unscored == "escalate" and not self.cheap.logprobs:
             msg = (
@@ -155,6 +166,15 @@ class CascadeJudge(BaseJudge):
     def final_llm(self) -> BaseChatModel:
         """The strong judge's model: its verdicts are final for escalated pairs."""
         return self.strong.llm
+
+    def with_call_retry(self, retry: CallRetry) -> CascadeJudge:
+        """A copy whose stages both use `retry`; the counts stay shared."""
+        return self.model_copy(
+            update={
+                "cheap": self.cheap.with_call_retry(retry),
+                "strong": self.strong.with_call_retry(retry),
+            }
+        )
 
     # -- what the cascade decides -----------------------------------------------------
 

@@ -23,7 +23,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeVar, cast
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForChainRun,
@@ -172,6 +172,25 @@ class JudgmentError(RuntimeError):
             "retry later, or set on_error='not_applicable' to continue with such "
             "rules flagged as unjudged."
         )
+
+
+@runtime_checkable
+class VerdictSink(Protocol):
+    """Where a judge appends each judgment it makes (a `VerdictLog`)."""
+
+    def record(self, text: str, rule: Rule, verdict: Verdict, **fields: Any) -> None:
+        """Append one judgment."""
+
+    async def arecord(
+        self, text: str, rule: Rule, verdict: Verdict, **fields: Any
+    ) -> None:
+        """Async `record`."""
+
+
+EXPLORED = "tag_explored"
+"""Run-config metadata: the rule ids a fan-out judges as shadow judgments."""
+EXPLORE_RATE = "tag_explore_rate"
+"""Run-config metadata: the rate at which those rules were drawn."""
 
 
 class UnreliableMatchWarning(UserWarning):
@@ -329,6 +348,10 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         """Share of prompt characters the judgments of `text` have in common."""
         del text, rules
         return 0.0
+
+    @abstractmethod
+    def with_call_retry(self, retry: CallRetry) -> BaseJudge:
+        """This judge retrying by `retry` (a graph's, say) in place of its own."""
 
     def judge_pair(self, request: JudgeInput, config: RunnableConfig) -> Verdict:
         """Judge one pair without a run of the judge's own (as the fan-outs do)."""
@@ -521,6 +544,12 @@ class ApplicabilityJudge(BaseJudge):
     """After retries: raise `JudgmentError`, or flag the verdict and treat it as NO."""
     cache: VerdictCache | None = Field(default_factory=InMemoryVerdictCache)
     """Where verdicts are remembered; None disables caching."""
+    verdict_log: VerdictSink | None = None
+    """Where every judgment made (not cache hits) is appended, to learn from (a
+    `langchain_tag.matching.verdict_log.VerdictLog`); None keeps none."""
+    log_source: str = "judge"
+    """How the log marks this judge's verdicts (a cascade's stages and the
+    relevance baseline mark theirs, so that training can leave them out)."""
     rules_per_call: int = Field(default=1, ge=1)
     """Rules judged in one model call. 1 is the method (one judgment per pair);
     more cuts calls and prompt tokens (the input is sent once per call), at a cost
@@ -577,6 +606,15 @@ class ApplicabilityJudge(BaseJudge):
     def final_llm(self) -> BaseChatModel:
         """The judging model."""
         return self.llm
+
+    def with_call_retry(self, retry: CallRetry) -> ApplicabilityJudge:
+        """A judge like this one (same model, cache, profile) retrying by `retry`."""
+        return self.remade(retry=retry)
+
+    def remade(self, **changes: Any) -> ApplicabilityJudge:
+        """A judge like this one with `changes` to its fields, set up anew."""
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        return type(self)(**{**fields, **changes})
 
     def _configured_model(self) -> BaseChatModel:
         logprobs = (
@@ -792,6 +830,35 @@ class ApplicabilityJudge(BaseJudge):
             transient=(self.retry or _ONE_ATTEMPT).is_transient(error),
         )
 
+    def _log_fields(self, rule: Rule, config: RunnableConfig) -> dict[str, Any]:
+        metadata = config.get("metadata") or {}
+        explored = rule.rule_id in metadata.get(EXPLORED, ())
+        return {
+            "model": model_identity(self._text_model),
+            "prompt_version": prompts.PROMPT_VERSION,
+            "profile": self.profile.name,
+            "source": self.log_source,
+            "explore": metadata.get(EXPLORE_RATE) if explored else None,
+        }
+
+    def _logged(
+        self, text: str, rule: Rule, verdict: Verdict, config: RunnableConfig
+    ) -> Verdict:
+        if self.verdict_log is not None:
+            self.verdict_log.record(
+                text, rule, verdict, **self._log_fields(rule, config)
+            )
+        return verdict
+
+    async def _alogged(
+        self, text: str, rule: Rule, verdict: Verdict, config: RunnableConfig
+    ) -> Verdict:
+        if self.verdict_log is not None:
+            await self.verdict_log.arecord(
+                text, rule, verdict, **self._log_fields(rule, config)
+            )
+        return verdict
+
     def _cached(self, hit: str | None, rule: Rule) -> Verdict | None:
         if hit is None:
             return None
@@ -817,12 +884,14 @@ class ApplicabilityJudge(BaseJudge):
         except _Abandoned:
             raise
         except Exception as error:  # noqa: BLE001 - every failure is reported
-            return self._given_up(rule, error, retrying)
+            return self._logged(
+                text, rule, self._given_up(rule, error, retrying), config
+            )
         _succeeded()
         verdict = self._read(rule, output)
         if self.cache is not None and not verdict.failed:
             self.cache.update(key, verdict.model_dump_json())
-        return verdict
+        return self._logged(text, rule, verdict, config)
 
     async def _ajudge(
         self,
@@ -842,12 +911,13 @@ class ApplicabilityJudge(BaseJudge):
                 self._ainvoke, self.messages(text, rule), config
             )
         except Exception as error:  # noqa: BLE001 - every failure is reported
-            return self._given_up(rule, error, retrying)
+            failed = self._given_up(rule, error, retrying)
+            return await self._alogged(text, rule, failed, config)
         _succeeded()
         verdict = self._read(rule, output)
         if self.cache is not None and not verdict.failed:
             await self.cache.aupdate(key, verdict.model_dump_json())
-        return verdict
+        return await self._alogged(text, rule, verdict, config)
 
     # -- several rules per call -------------------------------------------------------
 
@@ -902,14 +972,15 @@ class ApplicabilityJudge(BaseJudge):
                 raise
             except Exception as error:  # noqa: BLE001 - every failure is reported
                 return [
-                    known.get(r.rule_id) or self._given_up(r, error, retrying)
+                    known.get(r.rule_id)
+                    or self._logged(text, r, self._given_up(r, error, retrying), config)
                     for r in unit
                 ]
             _succeeded()
-            for verdict in self._read_batch(asked, output):
-                known[verdict.rule_id] = verdict
+            for rule, verdict in self._read_batch(asked, output):
+                known[rule.rule_id] = self._logged(text, rule, verdict, config)
                 if cache is not None:
-                    cache.update(keys[verdict.rule_id], verdict.model_dump_json())
+                    cache.update(keys[rule.rule_id], verdict.model_dump_json())
         # A rule the answer left out, repeated or garbled is judged again alone.
         return [
             known.get(rule.rule_id)
@@ -940,24 +1011,29 @@ class ApplicabilityJudge(BaseJudge):
                     _judgment_config(config, *asked),
                 )
             except Exception as error:  # noqa: BLE001 - every failure is reported
-                return [
-                    known.get(r.rule_id) or self._given_up(r, error, retrying)
+                failures = {
+                    r.rule_id: self._given_up(r, error, retrying)
                     for r in unit
-                ]
+                    if r.rule_id not in known
+                }
+                for rule in unit:
+                    if rule.rule_id in failures:
+                        await self._alogged(text, rule, failures[rule.rule_id], config)
+                return [known.get(r.rule_id) or failures[r.rule_id] for r in unit]
             _succeeded()
-            for verdict in self._read_batch(asked, output):
-                known[verdict.rule_id] = verdict
+            for rule, verdict in self._read_batch(asked, output):
+                known[rule.rule_id] = await self._alogged(text, rule, verdict, config)
                 if cache is not None:
-                    await cache.aupdate(
-                        keys[verdict.rule_id], verdict.model_dump_json()
-                    )
+                    await cache.aupdate(keys[rule.rule_id], verdict.model_dump_json())
         return [
             known.get(rule.rule_id)
             or await self.ajudge_pair((text, rule), _judgment_config(config, rule))
             for rule in unit
         ]
 
-    def _read_batch(self, rules: Sequence[Rule], output: Any) -> list[Verdict]:
+    def _read_batch(
+        self, rules: Sequence[Rule], output: Any
+    ) -> list[tuple[Rule, Verdict]]:
         """The verdicts an answer on several rules gives; only the clear ones.
 
         A rule the answer does not name, names twice, or decides in a format that
@@ -980,10 +1056,13 @@ class ApplicabilityJudge(BaseJudge):
             decisions = decided.get(rule.rule_id, [])
             if len(decisions) == 1:
                 verdicts.append(
-                    Verdict(
-                        rule_id=rule.rule_id,
-                        applies=decisions[0].applies,
-                        reason=decisions[0].reason,
+                    (
+                        rule,
+                        Verdict(
+                            rule_id=rule.rule_id,
+                            applies=decisions[0].applies,
+                            reason=decisions[0].reason,
+                        ),
                     )
                 )
         return verdicts

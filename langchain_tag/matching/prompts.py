@@ -208,8 +208,11 @@ def render_judge_batch_message(
     output_instruction: str,
     question: str = JUDGE_BATCH_QUESTION,
 ) -> str:
-    """The user message that judges several rules at once: the input once, then
-    each rule in a block of its own (`rule_id` first), then the answer format."""
+    """The user message that judges several rules at once.
+
+    The input once, then each rule in a block of its own (`rule_id` first), then
+    the answer format.
+    """
     blocks = []
     for fields in rules_fields:
         rendered = render_rule_fields(fields)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from langchain_tag.cli.demo import DEMO_SNIPPETS
+from langchain_tag.demo import DEMO_SNIPPETS
 from langchain_tag.local_model import QUALITY_NOTE
 from tests.integration_tests.servers import LOCAL_MODEL_PACKAGES, skip_unless_installed
 

@@ -8,6 +8,7 @@ judgment, and `Retry-After` was not read.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -104,6 +105,6 @@ def test_retry_after_is_honoured() -> None:
         verdict = judge.invoke((QUERY, trigger_rulebook(1).rules[0]))
     assert verdict.applies
     (times,) = seen.values()
-    waits = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+    waits = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert len(waits) == 2
     assert all(0.3 <= wait < 5.0 for wait in waits), waits

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from langchain_core.callbacks import (
@@ -204,19 +204,19 @@ def test_one_judge_serves_every_rule_of_a_run(
     built: list[QueryContext] = []
     real = query_graph._build_judge
 
-    def counting(context: QueryContext) -> Any:
+    def counting(context: QueryContext, retry: CallRetry) -> Any:
         built.append(context)
-        return real(context)
+        return real(context, retry)
 
     monkeypatch.setattr(query_graph, "_build_judge", counting)
     graph = build_query_graph()
+    # A server's JSON context is a dict: typed as the context only here.
+    context = cast(
+        "QueryContext",
+        {"judge_model": judge} if as_dict else QueryContext(judge_model=judge),
+    )
     for _ in range(2):
-        output = graph.invoke(
-            {"query": QUERY, "rulebook": pep8_json},
-            context={"judge_model": judge}
-            if as_dict
-            else QueryContext(judge_model=judge),
-        )
+        output = graph.invoke({"query": QUERY, "rulebook": pep8_json}, context=context)
         assert output["cost"]["judgments"] == 9
     assert len(built) == 2  # once per run, not once per rule
 

@@ -8,20 +8,25 @@ import math
 import time
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_openai import ChatOpenAI
 
-from langchain_tag import ApplicabilityJudge, Rulebook, query_graph
+from langchain_tag import ApplicabilityJudge, JudgmentError, Rulebook, query_graph
 from langchain_tag.matching import RuleSchemaProfile, constraint_profile
 from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.matching.profiles import YesNoOutput
 from langchain_tag.matching.prompts import read_judge_batch
 from langchain_tag.models import CallRetry
-from langchain_tag.query_graph import build_query_graph
-from langchain_tag.testing import FakeClock, RuleAwareFakeChatModel, trigger_rulebook
+from langchain_tag.query_graph import QueryContext, build_query_graph
+from langchain_tag.testing import (
+    FakeClock,
+    RuleAwareFakeChatModel,
+    TransientFakeError,
+    trigger_rulebook,
+)
 
 QUERY = "from os import *\nsquare = lambda x: x * x\nif x == None:\n    pass\n"
 
@@ -75,9 +80,11 @@ def test_the_judge_turns_the_clients_own_retries_off() -> None:
     llm = ChatOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused", model="m")
     assert llm.root_client.max_retries == 2
     judge = ApplicabilityJudge(llm=llm)
+    assert isinstance(judge._text_model, ChatOpenAI)
     assert judge._text_model.root_client.max_retries == 0
-    assert judge.llm.root_client.max_retries == 2  # the caller's model is untouched
+    assert llm.root_client.max_retries == 2  # the caller's model is untouched
     untouched = ApplicabilityJudge(llm=llm, retry=None)
+    assert isinstance(untouched._text_model, ChatOpenAI)
     assert untouched._text_model.root_client.max_retries == 2
 
 
@@ -296,7 +303,7 @@ def test_the_graph_refuses_a_bad_k_in_a_dict_context(
     with pytest.raises(ValueError, match="k must be None or an integer >= 0"):
         build_query_graph().invoke(
             {"query": QUERY, "rulebook": pep8_rulebook.model_dump(mode="json")},
-            context={"k": -1},
+            context=cast("QueryContext", {"k": -1}),  # as a server passes it
         )
 
 
@@ -307,3 +314,25 @@ def test_judged_messages_are_one_answer_each() -> None:
     answer = judge.llm.invoke(judge.messages("trigger-000", rule))
     assert isinstance(answer, AIMessage)
     assert '"verdicts"' not in answer.text
+
+
+def test_the_graph_retries_a_given_judge_once_not_twice(
+    pep8_rulebook: Rulebook,
+) -> None:
+    # A judge passed in the context keeps its model but retries by the graph's
+    # policy only: no node retry on top of the judge's (4 x 10 attempts before).
+    rule_id = pep8_rulebook.rules[0].rule_id
+    model = RuleAwareFakeChatModel(faults={rule_id: [TransientFakeError()] * 20})
+    given = ApplicabilityJudge(
+        llm=model, retry=CallRetry(max_attempts=10, initial_delay=0.0)
+    )
+    graph = build_query_graph(retry=CallRetry(max_attempts=3, initial_delay=0.0))
+    with pytest.raises(JudgmentError, match="after 3 attempt"):
+        graph.invoke(
+            {"query": QUERY, "rulebook": pep8_rulebook.model_dump(mode="json")},
+            context=QueryContext(judge=given),
+        )
+    attempts = [p for p in model.prompts if f"rule_id: {rule_id}\n" in p]
+    assert len(attempts) == 3
+    assert given.retry is not None
+    assert given.retry.max_attempts == 10  # the caller's judge is not changed

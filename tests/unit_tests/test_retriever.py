@@ -233,6 +233,7 @@ def test_every_llm_call_nests_under_the_retriever_run(retriever: TAGRetriever) -
 
     for call in (retriever.invoke, lambda q, c: asyncio.run(retriever.ainvoke(q, c))):
         recorder = Recorder()
+        assert isinstance(retriever.judge, ApplicabilityJudge)
         retriever.judge.cache = None  # every rule really calls the model
         call(SNIPPET, {"callbacks": [recorder]})
         assert len(recorder.chat_runs) == 9

@@ -1,0 +1,74 @@
+"""`tag prefilter train RULEBOOK [LOG] -o MODEL`: learn which rules to skip.
+
+Trains a `LearnedPrefilter` on the verdicts the judge logged (see `tag verdicts`)
+and saves it; load it with `LearnedPrefilter.load(MODEL, rulebook)` and pass it as
+`TAGRetriever(prefilter=...)`. Imports the learner only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from langchain_tag.cli.errors import CommandError, probability
+from langchain_tag.cli.verdicts import DEFAULT_LOG, open_log
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register `tag prefilter` on the `tag` command's subparsers."""
+    parser = commands.add_parser(
+        "prefilter",
+        help="train the learned prefilter from the verdict log",
+        description="Learn, from the judge's own logged verdicts, which rules will "
+        "come back NO for an input, so that they need not be judged.",
+    )
+    actions = parser.add_subparsers(dest="action", required=True)
+    train = actions.add_parser("train", help="train and save a LearnedPrefilter")
+    train.add_argument("rulebook", help="the rulebook JSON the verdicts are about")
+    train.add_argument(
+        "log",
+        nargs="?",
+        default=str(DEFAULT_LOG),
+        help=f"an SQLite file or a postgresql:// URI (default {DEFAULT_LOG})",
+    )
+    train.add_argument("-o", "--output", required=True, help="the model file (.npz)")
+    train.add_argument(
+        "--target-recall",
+        type=probability,
+        default=0.95,
+        help="share of the judge's YES verdicts to keep (default 0.95)",
+    )
+    train.add_argument("--table", help="the verdicts table, if not the default")
+    parser.set_defaults(handler=prefilter_command)
+
+
+def prefilter_command(args: argparse.Namespace) -> int:
+    """Run `tag prefilter train`."""
+    from langchain_tag.matching.learned import LearnedPrefilter  # noqa: PLC0415
+    from langchain_tag.rules import Rulebook  # noqa: PLC0415
+
+    rulebook = Rulebook.load(args.rulebook)
+    log = open_log(args.log, args.table)
+    try:
+        prefilter = LearnedPrefilter(rulebook, target_recall=args.target_recall)
+        report = prefilter.fit(log.examples(rulebook))
+    finally:
+        log.close()
+    if not report.count("learned") + report.count("skipped"):
+        msg = (
+            f"no rule of {args.rulebook} has enough logged verdicts to learn from "
+            f"({report.examples} examples over {report.inputs} inputs); judge more "
+            "inputs with a verdict_log first."
+        )
+        raise CommandError(msg)
+    path = prefilter.save(Path(args.output))
+    print(  # noqa: T201
+        f"trained on {report.examples:,} verdicts over {report.inputs:,} inputs in "
+        f"{report.seconds:.2f} s: {report.count('learned')} rules learned, "
+        f"{report.count('skipped')} always skipped, "
+        f"{len(rulebook) - report.count('learned') - report.count('skipped')} always "
+        f"judged; expected {report.expected_judged:.1f} of {len(rulebook)} rules "
+        f"judged per input at {report.expected_recall:.1%} recall of YES verdicts "
+        f"(target {report.target_recall:.0%}).\nwrote {path}"
+    )
+    return 0

@@ -1,0 +1,728 @@
+"""Verdict log: every judgment the judge makes, kept to learn from.
+
+Each judgment (input, rule, verdict) is a labelled example for `LearnedPrefilter`.
+The log appends one `VerdictRecord` per judgment that reached a model (cache
+misses): the input, the rule's id and content hash, the verdict (applies, score,
+error), the model, prompt version and profile, where it came from (`source`:
+`judge`, `cascade-cheap`, `cascade-strong`, `relevance`) and when.
+
+```python
+log = SQLiteVerdictLog(".langchain-tag/verdicts.sqlite")
+log.record(text, rule, verdict, model=..., prompt_version=..., profile=...)
+prefilter.fit(log.examples(rulebook))
+```
+
+Two stores, one interface (`VerdictLog`):
+
+- `SQLiteVerdictLog`: one file, WAL mode with a busy timeout, safe for several
+  threads and processes on one machine (the verdict cache's connections).
+- `PostgresVerdictLog`: one database shared by several machines (psycopg, the
+  `postgres` extra).
+
+Inputs are stored once each (keyed by SHA-256), verdicts point at them.
+
+**Keeping no text** (`store_text=False`): the input is stored as its hashed word
+n-gram counts (`HashedFeatures`, what the learner trains on) and its SHA-256, never
+as text. Nothing can be read back verbatim, but hashing is not encryption: whoever
+has the file and a guess of the vocabulary can test which words and word pairs
+occurred, and the digest confirms a guessed whole text. The trade-off: the log can
+train only a learner with the same `FeatureHashing` (a new feature scheme needs new
+verdicts), `tag verdicts export` gives features instead of texts, and the inputs
+cannot be judged again by another model or read in a review. Switching an existing
+log to `store_text=False` does not erase the texts it already holds.
+
+**Retention** (`Retention`): at most `max_rows` verdicts and/or none older than
+`max_age`, the oldest deleted first. Writers apply it every `prune_every` rows they
+append, so a log may exceed `max_rows` by that much per writer until the next prune;
+`prune()` applies it at once. Inputs no verdict points at any more are deleted with
+it.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from types import MappingProxyType
+from typing import IO, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from langchain_tag._text import digest
+from langchain_tag.cache import SQLiteConnections
+from langchain_tag.matching.judge import Verdict
+from langchain_tag.matching.learned import (
+    FeatureHashing,
+    HashedFeatures,
+    LabelledExample,
+)
+from langchain_tag.rules import Rule, Rulebook
+
+__all__ = [
+    "DEFAULT_TRAINING_SOURCES",
+    "PostgresVerdictLog",
+    "Retention",
+    "RuleCounts",
+    "SQLiteVerdictLog",
+    "VerdictLog",
+    "VerdictLogStats",
+    "VerdictRecord",
+    "open_verdict_log",
+]
+
+DEFAULT_TRAINING_SOURCES = ("judge", "cascade-cheap", "cascade-strong")
+"""Sources whose verdicts are applicability verdicts. The relevance baseline's
+judge sees the action and answers another question: not trained on by default."""
+
+_PAGE = 1000
+
+
+class VerdictRecord(BaseModel):
+    """One judgment as the log keeps it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: int | None = Field(default=None, description="Assigned by the log.")
+    input_digest: str = Field(min_length=1, description="SHA-256 of the input.")
+    text: str | None = Field(default=None, description="The input, if kept.")
+    features: HashedFeatures | None = Field(
+        default=None, description="The input's hashed features, if no text is kept."
+    )
+    rule_id: str = Field(min_length=1)
+    rule_hash: str = Field(min_length=1, description="`Rule.content_hash()`.")
+    applies: bool
+    score: float | None = None
+    error: str | None = None
+    model: str | None = None
+    prompt_version: str | None = None
+    profile: str | None = None
+    source: str = Field(default="judge", min_length=1)
+    explore: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="For a shadow judgment of a pair the prefilter skipped: the "
+        "exploration rate it was drawn at.",
+    )
+    created: float = Field(default_factory=time.time, description="Unix time.")
+
+    @classmethod
+    def of(
+        cls,
+        text: str,
+        rule: Rule,
+        verdict: Verdict,
+        *,
+        model: str | None = None,
+        prompt_version: str | None = None,
+        profile: str | None = None,
+        source: str = "judge",
+        explore: float | None = None,
+    ) -> VerdictRecord:
+        """The record of `verdict` on (`text`, `rule`)."""
+        return cls(
+            input_digest=digest(text),
+            text=text,
+            rule_id=rule.rule_id,
+            rule_hash=rule.content_hash(),
+            applies=verdict.applies,
+            score=verdict.score,
+            error=verdict.error,
+            model=model,
+            prompt_version=prompt_version,
+            profile=profile,
+            source=source,
+            explore=explore,
+        )
+
+    @property
+    def weight(self) -> float:
+        """How many judgments it stands for: `1 / explore` for a shadow one."""
+        return 1.0 if self.explore is None else 1.0 / self.explore
+
+
+class Retention(BaseModel):
+    """How much of the log to keep."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_rows: int | None = Field(default=None, ge=1)
+    """Keep at most this many verdicts, the newest."""
+    max_age: timedelta | None = None
+    """Delete verdicts older than this."""
+    prune_every: int = Field(default=1000, ge=1)
+    """A writer prunes after appending this many rows."""
+
+
+class RuleCounts(BaseModel):
+    """A rule's verdicts in the log."""
+
+    judged: int
+    applies: int
+
+
+class VerdictLogStats(BaseModel):
+    """What a verdict log holds."""
+
+    verdicts: int
+    inputs: int
+    inputs_with_text: int
+    inputs_hashed: int
+    rules: int
+    applies: int
+    failed: int
+    shadow: int
+    oldest: float | None = Field(description="Unix time of the oldest verdict.")
+    newest: float | None
+    position: int = Field(description="The newest verdict's id (only grows).")
+    by_source: dict[str, int]
+    by_model: dict[str, int]
+    per_rule: dict[str, RuleCounts]
+
+
+class VerdictLog(abc.ABC):
+    """An append-only record of judgments, bounded by a retention setting.
+
+    Args:
+        store_text: Keep the inputs' text; False keeps only their hashed features
+            (see the module docs for the trade-off).
+        hashing: How inputs are hashed when no text is kept; the learner trained
+            on this log must use the same.
+        retention: How much to keep.
+    """
+
+    def __init__(
+        self,
+        *,
+        store_text: bool = True,
+        hashing: FeatureHashing | None = None,
+        retention: Retention | None = None,
+    ) -> None:
+        """Set the storage policy."""
+        self.store_text = store_text
+        self.hashing = hashing or FeatureHashing()
+        self.retention = retention or Retention()
+        self._appended = 0
+        self._lock = threading.Lock()
+        self._last_hashed: tuple[str, HashedFeatures] | None = None
+
+    # -- writing ----------------------------------------------------------------------
+
+    def record(
+        self,
+        text: str,
+        rule: Rule,
+        verdict: Verdict,
+        **fields: Any,
+    ) -> None:
+        """Append the record of one judgment (see `VerdictRecord.of` for `fields`)."""
+        self.append([VerdictRecord.of(text, rule, verdict, **fields)])
+
+    async def arecord(
+        self, text: str, rule: Rule, verdict: Verdict, **fields: Any
+    ) -> None:
+        """Async `record`; runs in a worker thread."""
+        await asyncio.to_thread(self.record, text, rule, verdict, **fields)
+
+    def append(self, records: Iterable[VerdictRecord]) -> int:
+        """Append records in one transaction; returns how many.
+
+        Under `store_text=False` a record's text is replaced by its hashed features
+        before anything is written.
+        """
+        prepared = [self._stored_form(record) for record in records]
+        if not prepared:
+            return 0
+        self._insert(prepared)
+        with self._lock:
+            self._appended += len(prepared)
+            due = self._appended >= self.retention.prune_every
+            if due:
+                self._appended = 0
+        if due:
+            self.prune()
+        return len(prepared)
+
+    async def aappend(self, records: Iterable[VerdictRecord]) -> int:
+        """Async `append`; runs in a worker thread."""
+        return await asyncio.to_thread(self.append, list(records))
+
+    def _stored_form(self, record: VerdictRecord) -> VerdictRecord:
+        if self.store_text or record.text is None:
+            return record
+        # The judge logs one input against every rule in a row: hash it once.
+        last = self._last_hashed
+        if last is not None and last[0] == record.input_digest:
+            features = last[1]
+        else:
+            features = self.hashing.hash(record.text)
+            self._last_hashed = (record.input_digest, features)
+        return record.model_copy(update={"text": None, "features": features})
+
+    def prune(self) -> int:
+        """Apply the retention setting now; returns how many verdicts it deleted."""
+        cutoff = (
+            None
+            if self.retention.max_age is None
+            else time.time() - self.retention.max_age.total_seconds()
+        )
+        return self._prune(cutoff, self.retention.max_rows)
+
+    # -- reading ----------------------------------------------------------------------
+
+    def records(
+        self, *, after: int = 0, rule_ids: Sequence[str] | None = None
+    ) -> Iterator[VerdictRecord]:
+        """The records with ids above `after` (of `rule_ids` if given), oldest first.
+
+        Read a page at a time, so appends meanwhile do not disturb the iteration.
+        """
+        wanted = None if rule_ids is None else set(rule_ids)
+        while True:
+            page = self._page(after, _PAGE)
+            for record in page:
+                if wanted is None or record.rule_id in wanted:
+                    yield record
+            if len(page) < _PAGE:
+                return
+            after = page[-1].id or after
+
+    def examples(
+        self,
+        rulebook: Rulebook | None = None,
+        *,
+        sources: Sequence[str] | None = DEFAULT_TRAINING_SOURCES,
+        include_failed: bool = False,
+    ) -> Iterator[LabelledExample]:
+        """Training examples for `LearnedPrefilter.fit`, oldest first.
+
+        The last verdict on each (input, rule) counts; a shadow judgment weighs
+        `1 / explore`. Left out: failed judgments (their NO is a policy, not a
+        verdict) unless `include_failed`, sources not in `sources` (None: all),
+        records whose input was pruned, and, given a rulebook, verdicts on rules it
+        does not hold or on an older version of a rule (another content hash).
+        """
+        current = (
+            None
+            if rulebook is None
+            else {rule.rule_id: rule.content_hash() for rule in rulebook.rules}
+        )
+        inputs: dict[str, str | HashedFeatures] = {}
+        latest: dict[tuple[str, str], tuple[bool, float]] = {}
+        for record in self.records():
+            if (
+                (record.error is not None and not include_failed)
+                or (sources is not None and record.source not in sources)
+                or (
+                    current is not None
+                    and current.get(record.rule_id) != record.rule_hash
+                )
+            ):
+                continue
+            features = record.text if record.text is not None else record.features
+            if features is None:
+                continue
+            inputs[record.input_digest] = features
+            key = (record.input_digest, record.rule_id)
+            latest.pop(key, None)
+            latest[key] = (record.applies, record.weight)
+        for (input_digest, rule_id), (applies, weight) in latest.items():
+            yield LabelledExample(inputs[input_digest], rule_id, applies, weight)
+
+    def export(self, out: IO[str], *, rule_ids: Sequence[str] | None = None) -> int:
+        """Write the records as JSON lines, oldest first; returns how many."""
+        written = 0
+        for record in self.records(rule_ids=rule_ids):
+            out.write(record.model_dump_json() + "\n")
+            written += 1
+        return written
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Number of verdicts held."""
+
+    # -- what a store implements ------------------------------------------------------
+
+    @abc.abstractmethod
+    def _insert(self, records: Sequence[VerdictRecord]) -> None:
+        """Write the records (and their inputs) in one transaction."""
+
+    @abc.abstractmethod
+    def _page(self, after: int, limit: int) -> list[VerdictRecord]:
+        """Up to `limit` records with ids above `after`, by id."""
+
+    @abc.abstractmethod
+    def _prune(self, cutoff: float | None, max_rows: int | None) -> int:
+        """Delete verdicts created before `cutoff` or beyond the newest `max_rows`."""
+
+    @abc.abstractmethod
+    def stats(self) -> VerdictLogStats:
+        """Counts of what the log holds."""
+
+    @abc.abstractmethod
+    def position(self) -> int:
+        """The id of the newest verdict (0 when empty); see `RetrainPolicy`."""
+
+    @abc.abstractmethod
+    def clear(self) -> None:
+        """Delete every verdict and input."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close this thread's connection."""
+
+
+# --- SQL stores ----------------------------------------------------------------------
+
+# The statements of both stores: `{t}` is the verdicts table, `{i}` the inputs table
+# (checked identifiers), `{id}`, `{bool}`, `{real}` the dialect's types, `?` a
+# parameter (PostgreSQL's store turns it into `%s`).
+_SCHEMA = (
+    (
+        "CREATE TABLE IF NOT EXISTS {i} (digest TEXT PRIMARY KEY, text TEXT, "
+        "features TEXT, last_used {real} NOT NULL)"
+    ),
+    (
+        "CREATE TABLE IF NOT EXISTS {t} (id {id}, input_digest TEXT NOT NULL, "
+        "rule_id TEXT NOT NULL, rule_hash TEXT NOT NULL, applies {bool} NOT NULL, "
+        "score {real}, error TEXT, model TEXT, prompt_version TEXT, profile TEXT, "
+        "source TEXT NOT NULL, explore {real}, created {real} NOT NULL)"
+    ),
+    "CREATE INDEX IF NOT EXISTS {t}_created ON {t} (created)",
+    "CREATE INDEX IF NOT EXISTS {t}_input ON {t} (input_digest)",
+)
+# The newest use keeps an input from being pruned as an orphan while its verdict is
+# written (see _DELETE_ORPHANS).
+_UPSERT_INPUT = (
+    "INSERT INTO {i} (digest, text, features, last_used) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (digest) DO UPDATE SET last_used = excluded.last_used, "
+    "text = COALESCE({i}.text, excluded.text), "
+    "features = COALESCE({i}.features, excluded.features)"
+)
+_INSERT_VERDICT = (
+    "INSERT INTO {t} (input_digest, rule_id, rule_hash, applies, score, error, "
+    "model, prompt_version, profile, source, explore, created) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_PAGE_QUERY = (
+    "SELECT v.id, v.input_digest, v.rule_id, v.rule_hash, v.applies, v.score, "
+    "v.error, v.model, v.prompt_version, v.profile, v.source, v.explore, "
+    "v.created, i.text, i.features FROM {t} v "
+    "LEFT JOIN {i} i ON i.digest = v.input_digest "
+    "WHERE v.id > ? ORDER BY v.id LIMIT ?"
+)
+_DELETE_OLDER = "DELETE FROM {t} WHERE created < ?"
+_DELETE_BEYOND = (
+    "DELETE FROM {t} WHERE id <= (SELECT id FROM {t} ORDER BY id DESC LIMIT 1 OFFSET ?)"
+)
+_DELETE_ORPHANS = (
+    "DELETE FROM {i} WHERE last_used <= ? AND NOT EXISTS "
+    "(SELECT 1 FROM {t} WHERE {t}.input_digest = {i}.digest)"
+)
+_TOTALS = (
+    "SELECT COUNT(*), COUNT(DISTINCT input_digest), COUNT(DISTINCT rule_id), "
+    "COALESCE(SUM(CASE WHEN applies THEN 1 ELSE 0 END), 0), "
+    "COALESCE(SUM(CASE WHEN error IS NOT NULL THEN 1 ELSE 0 END), 0), "
+    "COALESCE(SUM(CASE WHEN explore IS NOT NULL THEN 1 ELSE 0 END), 0), "
+    "MIN(created), MAX(created), COALESCE(MAX(id), 0) FROM {t}"
+)
+_STORED = (
+    "SELECT COALESCE(SUM(CASE WHEN text IS NOT NULL THEN 1 ELSE 0 END), 0), "
+    "COALESCE(SUM(CASE WHEN features IS NOT NULL THEN 1 ELSE 0 END), 0) FROM {i}"
+)
+_BY_SOURCE = "SELECT source, COUNT(*) FROM {t} GROUP BY source ORDER BY source"
+_BY_MODEL = (
+    "SELECT COALESCE(model, ''), COUNT(*) FROM {t} "
+    "GROUP BY COALESCE(model, '') ORDER BY COALESCE(model, '')"
+)
+_PER_RULE = (
+    "SELECT rule_id, COUNT(*), SUM(CASE WHEN applies THEN 1 ELSE 0 END) FROM {t} "
+    "GROUP BY rule_id ORDER BY rule_id"
+)
+_COUNT = "SELECT COUNT(*) FROM {t}"
+_POSITION = "SELECT COALESCE(MAX(id), 0) FROM {t}"
+_CLEAR = ("DELETE FROM {t}", "DELETE FROM {i}")
+
+Statement = tuple[str, Sequence[Sequence[Any]]]
+"""A statement template and the parameter rows to run it with."""
+
+
+class _SQLVerdictLog(VerdictLog):
+    """What both SQL stores run; each supplies connections and the dialect."""
+
+    _types: Mapping[str, str]
+    """The dialect's `id`, `bool` and `real` column types."""
+    orphan_grace = 0.0
+    """Seconds since its last use before an input no verdict points at is deleted."""
+
+    def __init__(self, table: str, **kwargs: Any) -> None:
+        if not table.isidentifier():
+            msg = f"table must be a plain SQL identifier, got {table!r}"
+            raise ValueError(msg)
+        super().__init__(**kwargs)
+        self.table = table
+        self.inputs_table = f"{table}_inputs"
+
+    def _sql(self, template: str) -> str:
+        return template.format(t=self.table, i=self.inputs_table, **self._types)
+
+    @abc.abstractmethod
+    def _execute(self, statements: Sequence[Statement]) -> list[int]:
+        """Run each statement once per parameter row, all in one transaction.
+
+        Returns the rows each statement affected.
+        """
+
+    @abc.abstractmethod
+    def _query(self, template: str, parameters: Sequence[Any] = ()) -> list[Any]:
+        """The rows of one query."""
+
+    def _insert(self, records: Sequence[VerdictRecord]) -> None:
+        now = time.time()
+        inputs = {
+            r.input_digest: (
+                r.input_digest,
+                r.text,
+                None if r.features is None else r.features.model_dump_json(),
+                now,
+            )
+            for r in records
+        }
+        verdicts = [
+            (
+                r.input_digest,
+                r.rule_id,
+                r.rule_hash,
+                r.applies,
+                r.score,
+                r.error,
+                r.model,
+                r.prompt_version,
+                r.profile,
+                r.source,
+                r.explore,
+                r.created,
+            )
+            for r in records
+        ]
+        self._execute(
+            [(_UPSERT_INPUT, list(inputs.values())), (_INSERT_VERDICT, verdicts)]
+        )
+
+    def _page(self, after: int, limit: int) -> list[VerdictRecord]:
+        return [_record(row) for row in self._query(_PAGE_QUERY, (after, limit))]
+
+    def _prune(self, cutoff: float | None, max_rows: int | None) -> int:
+        statements: list[Statement] = []
+        if cutoff is not None:
+            statements.append((_DELETE_OLDER, [(cutoff,)]))
+        if max_rows is not None:
+            statements.append((_DELETE_BEYOND, [(max_rows,)]))
+        if not statements:
+            return 0
+        statements.append((_DELETE_ORPHANS, [(time.time() - self.orphan_grace,)]))
+        return sum(self._execute(statements)[:-1])
+
+    def stats(self) -> VerdictLogStats:
+        """Counts of what the log holds."""
+        (totals,) = self._query(_TOTALS)
+        (stored,) = self._query(_STORED)
+        return VerdictLogStats(
+            verdicts=totals[0],
+            inputs=totals[1],
+            inputs_with_text=stored[0],
+            inputs_hashed=stored[1],
+            rules=totals[2],
+            applies=totals[3],
+            failed=totals[4],
+            shadow=totals[5],
+            oldest=totals[6],
+            newest=totals[7],
+            position=totals[8],
+            by_source=dict(self._query(_BY_SOURCE)),
+            by_model=dict(self._query(_BY_MODEL)),
+            per_rule={
+                rule_id: RuleCounts(judged=n, applies=applies)
+                for rule_id, n, applies in self._query(_PER_RULE)
+            },
+        )
+
+    def __len__(self) -> int:
+        """Number of verdicts held."""
+        return int(self._query(_COUNT)[0][0])
+
+    def position(self) -> int:
+        """The id of the newest verdict (0 when empty); see `RetrainPolicy`."""
+        return int(self._query(_POSITION)[0][0])
+
+    def clear(self) -> None:
+        """Delete every verdict and input."""
+        self._execute([(template, [()]) for template in _CLEAR])
+
+
+def _record(row: Sequence[Any]) -> VerdictRecord:
+    (
+        id_,
+        input_digest,
+        rule_id,
+        rule_hash,
+        applies,
+        score,
+        error,
+        model,
+        prompt_version,
+        profile,
+        source,
+        explore,
+        created,
+        text,
+        features,
+    ) = row
+    return VerdictRecord(
+        id=id_,
+        input_digest=input_digest,
+        text=text,
+        features=None
+        if features is None
+        else HashedFeatures.model_validate_json(features),
+        rule_id=rule_id,
+        rule_hash=rule_hash,
+        applies=bool(applies),
+        score=score,
+        error=error,
+        model=model,
+        prompt_version=prompt_version,
+        profile=profile,
+        source=source,
+        explore=explore,
+        created=created,
+    )
+
+
+class SQLiteVerdictLog(_SQLVerdictLog):
+    """The verdict log in one SQLite file, safe for several threads and processes.
+
+    Args:
+        path: The database file (created with its directory if needed); it may be
+            the verdict cache's file, the tables differ.
+        table: The verdicts table; inputs go in `<table>_inputs`.
+        timeout: Seconds a writer waits for another's lock.
+        **kwargs: `store_text`, `hashing`, `retention` (see `VerdictLog`).
+    """
+
+    # AUTOINCREMENT: ids are never reused, so positions only grow (RetrainPolicy).
+    _types: Mapping[str, str] = MappingProxyType(
+        {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "bool": "INTEGER", "real": "REAL"}
+    )
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        table: str = "verdict_log",
+        timeout: float = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        """Open (creating if needed) the log's tables in the file at `path`."""
+        super().__init__(table, **kwargs)
+        self._connections = SQLiteConnections(path, timeout=timeout)
+        self.path = self._connections.path
+        self._execute([(template, [()]) for template in _SCHEMA])
+
+    def _execute(self, statements: Sequence[Statement]) -> list[int]:
+        conn = self._connections.get()
+        with conn:
+            return [
+                conn.executemany(self._sql(template), rows).rowcount
+                for template, rows in statements
+            ]
+
+    def _query(self, template: str, parameters: Sequence[Any] = ()) -> list[Any]:
+        conn = self._connections.get()
+        with conn:  # ends the read transaction, so WAL checkpoints can proceed
+            return conn.execute(self._sql(template), parameters).fetchall()
+
+    def close(self) -> None:
+        """Close this thread's connection."""
+        self._connections.close()
+
+
+class PostgresVerdictLog(_SQLVerdictLog):
+    """The verdict log in a PostgreSQL database, for several machines.
+
+    Needs psycopg 3 (the `postgres` extra). Each thread uses its own connection.
+
+    Args:
+        conninfo: A libpq connection string or `postgresql://` URI.
+        table: The verdicts table; inputs go in `<table>_inputs`.
+        **kwargs: `store_text`, `hashing`, `retention` (see `VerdictLog`).
+    """
+
+    _types: Mapping[str, str] = MappingProxyType(
+        {"id": "BIGSERIAL PRIMARY KEY", "bool": "BOOLEAN", "real": "DOUBLE PRECISION"}
+    )
+    # Writers in other sessions commit independently: an input whose verdict is
+    # still being written has been used within the last minute, and is kept.
+    orphan_grace = 60.0
+
+    def __init__(
+        self, conninfo: str, *, table: str = "tag_verdict_log", **kwargs: Any
+    ) -> None:
+        """Connect and create the log's tables if needed."""
+        super().__init__(table, **kwargs)
+        self.conninfo = conninfo
+        self._local = threading.local()
+        # Concurrent CREATE TABLE IF NOT EXISTS can collide in the catalogue; the
+        # first writer creates the schema while the others wait on the lock.
+        lock = ("SELECT pg_advisory_xact_lock(hashtext(?))", [(table,)])
+        self._execute([lock, *((template, [()]) for template in _SCHEMA)])
+
+    def _connection(self) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            try:
+                import psycopg  # noqa: PLC0415 - the postgres extra
+            except ImportError as error:
+                msg = (
+                    "PostgresVerdictLog needs psycopg: install the `postgres` extra "
+                    "(`pip install 'langchain-tag[postgres]'`)."
+                )
+                raise ImportError(msg) from error
+            conn = psycopg.connect(self.conninfo, autocommit=True)
+            self._local.conn = conn
+        return conn
+
+    def _sql(self, template: str) -> str:
+        return super()._sql(template).replace("?", "%s")
+
+    def _execute(self, statements: Sequence[Statement]) -> list[int]:
+        conn = self._connection()
+        counts = []
+        with conn.transaction(), conn.cursor() as cursor:
+            for template, rows in statements:
+                cursor.executemany(self._sql(template), rows)
+                counts.append(max(cursor.rowcount, 0))
+        return counts
+
+    def _query(self, template: str, parameters: Sequence[Any] = ()) -> list[Any]:
+        cursor = self._connection().execute(self._sql(template), parameters)
+        return list(cursor.fetchall())
+
+    def close(self) -> None:
+        """Close this thread's connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            self._local.conn = None
+            conn.close()
+
+
+def open_verdict_log(location: str | Path, **kwargs: Any) -> VerdictLog:
+    """The log at `location`: a `postgresql://` URI, else an SQLite file path."""
+    text = str(location)
+    if text.startswith(("postgresql://", "postgres://")):
+        return PostgresVerdictLog(text, **kwargs)
+    return SQLiteVerdictLog(location, **kwargs)

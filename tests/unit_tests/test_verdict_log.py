@@ -1,0 +1,334 @@
+"""The verdict log (SQLite) and `tag verdicts`."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from langchain_tag import Rule, Rulebook, Verdict
+from langchain_tag.cli import verdicts as verdicts_cli
+from langchain_tag.cli.errors import CommandError
+from langchain_tag.matching.learned import (
+    FeatureHashing,
+    HashedFeatures,
+    LabelledExample,
+    LearnedPrefilter,
+)
+from langchain_tag.matching.verdict_log import (
+    Retention,
+    SQLiteVerdictLog,
+    VerdictRecord,
+    open_verdict_log,
+)
+from langchain_tag.testing import trigger_rulebook
+
+RULES = trigger_rulebook(4)
+PRIVATE_INPUT = "the confidential input mentions trigger-001 and nothing else"
+
+
+def verdict(rule: Rule, text: str) -> Verdict:
+    """The fake judge's verdict: rule R-00i applies when the text names trigger-00i."""
+    return Verdict(rule_id=rule.rule_id, applies=f"trigger-{rule.rule_id[2:]}" in text)
+
+
+def log_inputs(log: SQLiteVerdictLog, texts: list[str], **fields: object) -> None:
+    for text in texts:
+        for rule in RULES.rules:
+            log.record(text, rule, verdict(rule, text), model="fake", **fields)
+
+
+def test_records_round_trip(tmp_path: Path) -> None:
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    rule = RULES.rules[1]
+    log.record(
+        PRIVATE_INPUT,
+        rule,
+        Verdict(rule_id=rule.rule_id, applies=True, score=0.8),
+        model="gpt-x",
+        prompt_version="judge-v2",
+        profile="condition",
+        explore=0.05,
+    )
+    (record,) = log.records()
+    assert record.id == 1
+    assert record.text == PRIVATE_INPUT
+    assert record.features is None
+    assert record.rule_hash == rule.content_hash()
+    assert (record.applies, record.score, record.error) == (True, 0.8, None)
+    assert (record.model, record.prompt_version, record.profile) == (
+        "gpt-x",
+        "judge-v2",
+        "condition",
+    )
+    assert record.source == "judge"
+    assert record.weight == pytest.approx(20.0)
+    assert abs(record.created - time.time()) < 60
+    assert log.position() == 1
+    assert len(log) == 1
+
+
+def test_without_text_only_hashed_features_are_stored(tmp_path: Path) -> None:
+    path = tmp_path / "hashed.sqlite"
+    log = SQLiteVerdictLog(path, store_text=False)
+    log_inputs(log, [PRIVATE_INPUT])
+    records = list(log.records())
+    assert all(r.text is None for r in records)
+    assert {r.features for r in records} == {FeatureHashing().hash(PRIVATE_INPUT)}
+    assert all(isinstance(e.input, HashedFeatures) for e in log.examples(RULES))
+    stats = log.stats()
+    assert (stats.inputs_with_text, stats.inputs_hashed) == (0, 1)
+    log.close()
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert b"confidential" not in raw
+
+
+def test_a_prefilter_learns_the_same_from_text_and_from_hashed_logs(
+    tmp_path: Path,
+) -> None:
+    texts = [f"input {i} with trigger-{i % 4:03d} and more words" for i in range(40)]
+    prefilters = []
+    for store_text in (True, False):
+        log = SQLiteVerdictLog(tmp_path / f"{store_text}.sqlite", store_text=store_text)
+        log_inputs(log, texts)
+        prefilter = LearnedPrefilter(RULES)
+        prefilter.fit(log.examples(RULES))
+        prefilters.append(prefilter)
+    probe = "a new input with trigger-002"
+    assert prefilters[0].margins(probe) == pytest.approx(prefilters[1].margins(probe))
+
+
+def test_examples_keep_current_applicability_verdicts_only(tmp_path: Path) -> None:
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    r0, r1, r2, r3 = RULES.rules
+    log.append(
+        [
+            VerdictRecord.of("a", r0, Verdict(rule_id="R-000", applies=False)),
+            # The last verdict on a pair counts.
+            VerdictRecord.of("a", r0, Verdict(rule_id="R-000", applies=True)),
+            VerdictRecord.of(
+                "a", r1, Verdict(rule_id="R-001", applies=False, error="timeout")
+            ),
+            VerdictRecord.of(
+                "a", r2, Verdict(rule_id="R-002", applies=True), source="relevance"
+            ),
+            VerdictRecord.of(
+                "b", r3, Verdict(rule_id="R-003", applies=True), explore=0.1
+            ),
+            VerdictRecord.of(
+                "b", r1, Verdict(rule_id="R-001", applies=True), source="cascade-strong"
+            ),
+        ]
+    )
+    edited = r1.model_copy(update={"condition": "edited"})
+    assert list(log.examples(RULES)) == [
+        LabelledExample("a", "R-000", applies=True),
+        LabelledExample("b", "R-003", True, 10.0),  # noqa: FBT003
+        LabelledExample("b", "R-001", applies=True),
+    ]
+    current = Rulebook(rules=[r0, edited, r2, r3])
+    assert [e.rule_id for e in log.examples(current)] == ["R-000", "R-003"]
+    assert {e.rule_id for e in log.examples(sources=None, include_failed=True)} == {
+        "R-000",
+        "R-001",
+        "R-002",
+        "R-003",
+    }
+
+
+def test_retention_keeps_the_newest_rows(tmp_path: Path) -> None:
+    log = SQLiteVerdictLog(
+        tmp_path / "log.sqlite", retention=Retention(max_rows=10, prune_every=1000)
+    )
+    log_inputs(log, [f"input {i}" for i in range(5)])  # 20 verdicts
+    assert len(log) == 20
+    assert log.prune() == 10
+    assert len(log) == 10
+    assert [r.id for r in log.records()] == list(range(11, 21))
+    stats = log.stats()
+    assert stats.inputs == 3  # the verdicts of inputs 0 and 1 are gone...
+    assert stats.inputs_with_text == 3  # ...and so are those inputs
+    assert log.position() == 20
+
+
+def test_retention_is_applied_while_appending(tmp_path: Path) -> None:
+    log = SQLiteVerdictLog(
+        tmp_path / "log.sqlite", retention=Retention(max_rows=6, prune_every=4)
+    )
+    log_inputs(log, [f"input {i}" for i in range(5)])
+    assert len(log) <= 6 + 4
+
+
+def test_retention_by_age(tmp_path: Path) -> None:
+    log = SQLiteVerdictLog(
+        tmp_path / "log.sqlite", retention=Retention(max_age=timedelta(days=1))
+    )
+    rule = RULES.rules[0]
+    old = VerdictRecord.of("old", rule, Verdict(rule_id="R-000", applies=False))
+    log.append([old.model_copy(update={"created": time.time() - 2 * 86400})])
+    log_inputs(log, ["new"])
+    assert log.prune() == 1
+    assert {r.text for r in log.records()} == {"new"}
+
+
+def test_stats_export_and_clear(tmp_path: Path) -> None:
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    log_inputs(log, ["has trigger-001", "has trigger-002"])
+    log_inputs(log, ["shadowed 3"], explore=0.05, source="cascade-cheap")
+    stats = log.stats()
+    assert (stats.verdicts, stats.inputs, stats.rules) == (12, 3, 4)
+    assert stats.applies == 2
+    assert stats.shadow == 4
+    assert stats.by_source == {"cascade-cheap": 4, "judge": 8}
+    assert stats.by_model == {"fake": 12}
+    assert stats.per_rule["R-001"].model_dump() == {"judged": 3, "applies": 1}
+    out = io.StringIO()
+    assert log.export(out, rule_ids=["R-002"]) == 3
+    lines = [VerdictRecord.model_validate_json(x) for x in out.getvalue().splitlines()]
+    assert [r.rule_id for r in lines] == ["R-002"] * 3
+    log.clear()
+    assert len(log) == 0
+    assert log.stats().inputs == 0
+
+
+async def test_async_appends(tmp_path: Path) -> None:
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    rule = RULES.rules[2]
+    await log.arecord("x", rule, Verdict(rule_id="R-002", applies=False))
+    record = VerdictRecord.of("y", rule, Verdict(rule_id="R-002", applies=True))
+    assert await log.aappend([record]) == 1
+    assert [r.text for r in log.records()] == ["x", "y"]
+
+
+def test_many_threads_lose_nothing(tmp_path: Path) -> None:
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+
+    def write(worker: int) -> None:
+        log_inputs(log, [f"thread {worker} input {i}" for i in range(10)])
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(log) == 8 * 10 * 4
+    assert len({r.id for r in log.records()}) == 320
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from langchain_tag import Verdict
+    from langchain_tag.matching.verdict_log import open_verdict_log
+    from langchain_tag.testing import trigger_rulebook
+    location, table, name, inputs = sys.argv[1:]
+    # Writer 0 keeps no text: mixed policies share one log.
+    log = open_verdict_log(location, table=table, store_text=name != "0")
+    for i in range(int(inputs)):
+        for rule in trigger_rulebook(4).rules:
+            log.record(
+                f"writer {name} input {i}",
+                rule,
+                Verdict(rule_id=rule.rule_id, applies=i % 4 == 0),
+            )
+    """
+)
+
+
+def run_writers(location: str, table: str, *, writers: int, inputs: int) -> None:
+    """`writers` processes at once, each logging `inputs` inputs x 4 rules."""
+    processes = [
+        subprocess.Popen(  # noqa: S603 - our own interpreter
+            [sys.executable, "-c", WRITER, location, table, str(n), str(inputs)]
+        )
+        for n in range(writers)
+    ]
+    assert [p.wait(timeout=180) for p in processes] == [0] * writers
+
+
+def test_four_processes_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "shared.sqlite"
+    run_writers(str(path), "verdict_log", writers=4, inputs=50)
+    log = SQLiteVerdictLog(path)
+    records = list(log.records())
+    assert len(records) == 4 * 50 * 4
+    assert len({(r.input_digest, r.rule_id) for r in records}) == 800
+    stats = log.stats()
+    assert (stats.inputs, stats.applies) == (200, 4 * 13 * 4)
+    assert (stats.inputs_with_text, stats.inputs_hashed) == (150, 50)
+
+
+def test_table_names_are_checked_and_locations_opened(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="identifier"):
+        SQLiteVerdictLog(tmp_path / "x.sqlite", table="log; DROP TABLE x")
+    assert isinstance(open_verdict_log(tmp_path / "y.sqlite"), SQLiteVerdictLog)
+
+
+# --- tag verdicts --------------------------------------------------------------------
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tag")
+    verdicts_cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["verdicts", *argv])
+    return int(args.handler(args))
+
+
+@pytest.fixture
+def filled_log(tmp_path: Path) -> Path:
+    path = tmp_path / "verdicts.sqlite"
+    log = SQLiteVerdictLog(path)
+    log_inputs(log, ["has trigger-001", "has trigger-003 too"])
+    log.close()
+    return path
+
+
+def test_cli_stats(filled_log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["stats", str(filled_log), "--rules"]) == 0
+    out = capsys.readouterr().out
+    assert "verdicts   8 (position 8)" in out
+    assert "YES        2 (25.0%)" in out
+    assert "by model   fake 8" in out
+    assert "R-003" in out
+    assert run_cli(["stats", str(filled_log), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["applies"] == 2
+
+
+def test_cli_export(
+    filled_log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "out" / "verdicts.jsonl"
+    target.parent.mkdir()
+    assert run_cli(["export", str(filled_log), "-o", str(target)]) == 0
+    assert "wrote 8 records" in capsys.readouterr().err
+    records = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [r["id"] for r in records] == list(range(1, 9))
+    assert run_cli(["export", str(filled_log), "--rule", "R-001"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["rule_id"] for line in lines] == ["R-001", "R-001"]
+
+
+def test_cli_refuses_a_missing_log(tmp_path: Path) -> None:
+    missing = tmp_path / "nothing.sqlite"
+    with pytest.raises(CommandError, match="no verdict log"):
+        run_cli(["stats", str(missing)])
+    assert not missing.exists()  # reading never creates an empty log
+
+
+def test_cli_never_shows_a_password() -> None:
+    assert (
+        verdicts_cli._redacted("postgresql://tag:s3cr@t@db:5432/tag")
+        == "postgresql://tag:***@db:5432/tag"
+    )
+    assert (
+        verdicts_cli._redacted("postgresql://tag@db/tag") == "postgresql://tag@db/tag"
+    )
