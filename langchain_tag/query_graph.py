@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
@@ -221,24 +221,25 @@ def _build_judge(context: QueryContext, retry: CallRetry) -> BaseJudge:
     )
 
 
+_NamedT = TypeVar("_NamedT")
+
+
+def _named(value: str | _NamedT, table: Mapping[str, _NamedT], kind: str) -> _NamedT:
+    """`value` itself, or the entry of `table` it names."""
+    if not isinstance(value, str):
+        return value
+    if value not in table:
+        msg = f"Unknown {kind} {value!r}; choose from {sorted(table)}."
+        raise ValueError(msg)
+    return table[value]
+
+
 def _profile(context: QueryContext) -> RuleSchemaProfile:
-    profile = context.profile
-    if isinstance(profile, str):
-        if profile not in PROFILES:
-            msg = f"Unknown profile {profile!r}; choose from {sorted(PROFILES)}."
-            raise ValueError(msg)
-        return PROFILES[profile]
-    return profile
+    return _named(context.profile, PROFILES, "profile")
 
 
 def _template(context: QueryContext) -> ExecutionTemplate:
-    template = context.template
-    if isinstance(template, str):
-        if template not in TEMPLATES:
-            msg = f"Unknown template {template!r}; choose from {sorted(TEMPLATES)}."
-            raise ValueError(msg)
-        return TEMPLATES[template]
-    return template
+    return _named(context.template, TEMPLATES, "template")
 
 
 def _executor(context: QueryContext) -> ActionOnlyExecutor:

@@ -210,12 +210,12 @@ def test_one_judge_serves_every_rule_of_a_run(
 
     monkeypatch.setattr(query_graph, "_build_judge", counting)
     graph = build_query_graph()
-    # A server's JSON context is a dict: typed as the context only here.
-    context = cast(
-        "QueryContext",
-        {"judge_model": judge} if as_dict else QueryContext(judge_model=judge),
-    )
     for _ in range(2):
+        # A server's JSON context is a dict: typed as the context only here.
+        context = cast(
+            "QueryContext",
+            {"judge_model": judge} if as_dict else QueryContext(judge_model=judge),
+        )
         output = graph.invoke({"query": QUERY, "rulebook": pep8_json}, context=context)
         assert output["cost"]["judgments"] == 9
     assert len(built) == 2  # once per run, not once per rule
