@@ -14,6 +14,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
@@ -121,6 +122,24 @@ class SQLiteConnections:
             self._local.conn = conn
         return conn
 
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection inside a write transaction, committed on exit.
+
+        `BEGIN IMMEDIATE` takes the write lock first, waiting out other writers
+        with the busy timeout: a deferred transaction would read first, and when a
+        writer commits meanwhile SQLite refuses its upgrade at once ("database is
+        locked"), busy timeout or not.
+        """
+        conn = self.get()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
+
     def close(self) -> None:
         """Close this thread's connection; the next `get` opens a new one."""
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -148,7 +167,7 @@ class SQLiteVerdictCache(VerdictCache):
         self.path = self._connections.path
         self.table = table
         self.timeout = timeout
-        with self._connection() as conn:
+        with self._connections.writing() as conn:
             conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {table} ("
                 "key TEXT PRIMARY KEY, verdict TEXT NOT NULL, created REAL NOT NULL)"
@@ -166,7 +185,7 @@ class SQLiteVerdictCache(VerdictCache):
         return None if row is None else str(row[0])
 
     def update(self, key: str, value: str) -> None:  # noqa: D102
-        with self._connection() as conn:
+        with self._connections.writing() as conn:
             conn.execute(
                 f"INSERT OR REPLACE INTO {self.table} (key, verdict, created) "  # noqa: S608
                 "VALUES (?, ?, ?)",
@@ -174,7 +193,7 @@ class SQLiteVerdictCache(VerdictCache):
             )
 
     def clear(self) -> None:  # noqa: D102
-        with self._connection() as conn:
+        with self._connections.writing() as conn:
             conn.execute(f"DELETE FROM {self.table}")  # noqa: S608
 
     def __len__(self) -> int:

@@ -634,8 +634,7 @@ class SQLiteVerdictLog(_SQLVerdictLog):
         self._execute([(template, [()]) for template in _SCHEMA])
 
     def _execute(self, statements: Sequence[Statement]) -> list[int]:
-        conn = self._connections.get()
-        with conn:
+        with self._connections.writing() as conn:
             return [
                 conn.executemany(self._sql(template), rows).rowcount
                 for template, rows in statements
