@@ -34,17 +34,25 @@ def check_text(text: object, what: str) -> str:
     if not isinstance(text, str):
         msg = f"{what} must be a str, got {type(text).__name__}."
         raise TypeError(msg)
+    bad = _lone_surrogate(text)
+    if bad is not None:
+        msg = (
+            f"{what} holds a lone surrogate {text[bad]!r} at position {bad}, which "
+            "is not valid Unicode text. Decode the source with errors='replace', or "
+            "clean it with text.encode('utf-8', 'replace').decode('utf-8')."
+        )
+        raise ValueError(msg)
+    return text
+
+
+@functools.lru_cache(maxsize=64)
+def _lone_surrogate(text: str) -> int | None:
+    # Cached: one input is checked once for all the rules judged against it.
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        msg = (
-            f"{what} holds a lone surrogate {text[error.start]!r} at position "
-            f"{error.start}, which is not valid Unicode text. Decode the source "
-            "with errors='replace', or clean it with "
-            "text.encode('utf-8', 'replace').decode('utf-8')."
-        )
-        raise ValueError(msg) from None
-    return text
+        return error.start
+    return None
 
 
 def slug(text: str, default: str, max_length: int | None = None) -> str:

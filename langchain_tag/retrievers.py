@@ -496,7 +496,8 @@ class TAGRetriever(BaseRetriever):
         )
         result = self._result(query, candidates, verdicts, call, started, explored)
         await adispatch_custom_event(MATCH_EVENT, result.summary(), config=child)
-        await asyncio.to_thread(self._retrain_if_due)
+        if self.retrain_every is not None:  # training is CPU work: off the loop
+            await asyncio.to_thread(self._retrain_if_due)
         return result.documents
 
     # -- the steps around the judgments -----------------------------------------------

@@ -562,6 +562,7 @@ class ApplicabilityJudge(BaseJudge):
     _structured_model: Runnable[Any, Any] | None = PrivateAttr(default=None)
     _batch_structured_model: Runnable[Any, Any] | None = PrivateAttr(default=None)
     _key_prefix: str = PrivateAttr(default="")
+    _identity: str = PrivateAttr(default="")
 
     def model_post_init(self, context: Any, /) -> None:  # noqa: D102
         if self.rules_per_call > 1 and self.profile.batch_output_schema is None:
@@ -575,6 +576,7 @@ class ApplicabilityJudge(BaseJudge):
             msg = "logprobs scores need rules_per_call=1 (one verdict per answer)."
             raise ValueError(msg)
         model = self._configured_model()
+        self._identity = model_identity(model)
         self._key_prefix = json.dumps(
             [
                 prompts.PROMPT_VERSION,
@@ -588,7 +590,7 @@ class ApplicabilityJudge(BaseJudge):
                         ]
                     ).encode()
                 ).hexdigest(),
-                model_identity(model),
+                self._identity,
                 # Several rules per call is another prompt: its own verdicts.
                 *(["batch"] if self.rules_per_call > 1 else []),
             ]
@@ -666,10 +668,9 @@ class ApplicabilityJudge(BaseJudge):
         """
         if self.structured_output != "auto" or not isinstance(error, _UNPARSED):
             return False
-        identity = model_identity(self._text_model)
         with _FALLBACK_LOCK:
-            first = identity not in _IGNORES_STRUCTURED_OUTPUT
-            _IGNORES_STRUCTURED_OUTPUT.add(identity)
+            first = self._identity not in _IGNORES_STRUCTURED_OUTPUT
+            _IGNORES_STRUCTURED_OUTPUT.add(self._identity)
         if first:
             logger.warning(
                 "%s answered a structured-output request with text the schema could "
@@ -680,13 +681,10 @@ class ApplicabilityJudge(BaseJudge):
         self._structured_model = self._batch_structured_model = None
         return True
 
-    def _structured_for(self, messages: list[BaseMessage]) -> Runnable[Any, Any] | None:
-        # A batched request is told apart by its system prompt.
-        batched = messages[0].content == self.profile.batch_system_prompt
-        return self._batch_structured_model if batched else self._structured_model
-
-    def _invoke(self, messages: list[BaseMessage], config: RunnableConfig) -> Any:
-        structured = self._structured_for(messages)
+    def _invoke(
+        self, messages: list[BaseMessage], config: RunnableConfig, *, batch: bool
+    ) -> Any:
+        structured = self._batch_structured_model if batch else self._structured_model
         if structured is not None:
             try:
                 return structured.invoke(messages, config)
@@ -696,9 +694,9 @@ class ApplicabilityJudge(BaseJudge):
         return self._text_model.invoke(messages, config)
 
     async def _ainvoke(
-        self, messages: list[BaseMessage], config: RunnableConfig
+        self, messages: list[BaseMessage], config: RunnableConfig, *, batch: bool
     ) -> Any:
-        structured = self._structured_for(messages)
+        structured = self._batch_structured_model if batch else self._structured_model
         if structured is not None:
             try:
                 return await structured.ainvoke(messages, config)
@@ -834,7 +832,7 @@ class ApplicabilityJudge(BaseJudge):
         metadata = config.get("metadata") or {}
         explored = rule.rule_id in metadata.get(EXPLORED, ())
         return {
-            "model": model_identity(self._text_model),
+            "model": self._identity,
             "prompt_version": prompts.PROMPT_VERSION,
             "profile": self.profile.name,
             "source": self.log_source,
@@ -880,7 +878,9 @@ class ApplicabilityJudge(BaseJudge):
             return hit
         retrying = self._retrying(Retrying)
         try:
-            output = retrying(self._invoke, self.messages(text, rule), config)
+            output = retrying(
+                self._invoke, self.messages(text, rule), config, batch=False
+            )
         except _Abandoned:
             raise
         except Exception as error:  # noqa: BLE001 - every failure is reported
@@ -908,7 +908,7 @@ class ApplicabilityJudge(BaseJudge):
         retrying = self._retrying(AsyncRetrying)
         try:
             output: Any = await retrying(
-                self._ainvoke, self.messages(text, rule), config
+                self._ainvoke, self.messages(text, rule), config, batch=False
             )
         except Exception as error:  # noqa: BLE001 - every failure is reported
             failed = self._given_up(rule, error, retrying)
@@ -967,6 +967,7 @@ class ApplicabilityJudge(BaseJudge):
                     self._invoke,
                     self.batch_messages(text, asked),
                     _judgment_config(config, *asked),
+                    batch=True,
                 )
             except _Abandoned:
                 raise
@@ -1009,6 +1010,7 @@ class ApplicabilityJudge(BaseJudge):
                     self._ainvoke,
                     self.batch_messages(text, asked),
                     _judgment_config(config, *asked),
+                    batch=True,
                 )
             except Exception as error:  # noqa: BLE001 - every failure is reported
                 failures = {
