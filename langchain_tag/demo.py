@@ -8,7 +8,10 @@
 The model is the configured one (`OPENAI_API_KEY` or `OPENAI_BASE_URL`, see
 `default_chat_model`) or, with nothing configured, SmolLM2-135M served locally by
 llama.cpp (`langchain_tag.local_model`). That one is for offline smoke runs: it
-judges poorly and rarely extracts a rule, and the demo says so.
+judges poorly and rarely extracts a rule, and the demo says so. When extraction
+yields no rule, matching and execution run on the curated PEP 8 rulebook shipped with
+the package (`langchain_tag.resources`, written by hand, not extracted), and the demo
+says that too.
 """
 
 from __future__ import annotations
@@ -35,19 +38,23 @@ from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.execution import CODE_TEMPLATE, ActionOnlyExecutor
 from langchain_tag.matching import ApplicabilityJudge, UnreliableMatchWarning
 from langchain_tag.models import ModelNotConfiguredError, configured_model
+from langchain_tag.resources import curated_rulebook
 from langchain_tag.retrievers import MatchResult, TAGRetriever
+from langchain_tag.rules import Rulebook
 
 if TYPE_CHECKING:
     from langchain_core.embeddings import Embeddings
 
     from langchain_tag.extraction.sectioning import Section
-    from langchain_tag.rules import Rulebook
 
 DOMAIN = "Python code style (PEP 8)"
 DEFAULT_SECTIONS = ("Imports", "Programming Recommendations")
 """The PEP 8 sections extracted by default: the ones the snippets break."""
 DEFAULT_WORKDIR = Path(".langchain-tag") / "demo"
 PEP8_MAX_SECTION_TOKENS = 1500
+CURATED_MIN_RULES = 5
+"""With fewer curated rules quoted from the extracted sections, the fallback uses all
+of the curated rulebook."""
 LOCAL_SERVER_PORT = 38471
 """The offline model server's port when it is free."""
 
@@ -273,6 +280,11 @@ class DemoReport(BaseModel):
     extraction: ExtractionCost | None = Field(
         description="None when an existing rulebook was given."
     )
+    curated: bool = Field(
+        default=False,
+        description="Extraction produced no rules, so the rules matched are the "
+        "curated PEP 8 rulebook's (written by hand, not extracted).",
+    )
     snippets: list[SnippetReport]
     seconds: float
 
@@ -318,6 +330,7 @@ def run_demo(
         say(f"note: {models.quality_note}")
     say()
     extraction = None
+    chosen: list[Section] = []
     if rulebook is None:
         chosen = list(pep8_sections() if sections is None else sections)
         rulebook, extraction = _extract(
@@ -329,6 +342,18 @@ def run_demo(
     rulebook_path = workdir / f"{name}.rulebook.json"
     rulebook.save(rulebook_path)
     _say_rules(say, rulebook, extraction, rulebook_path)
+    curated = extraction is not None and not len(rulebook)
+    if curated:
+        rulebook = curated_pep8_rules(chosen)
+        rulebook_path = workdir / "curated-pep8.rulebook.json"
+        rulebook.save(rulebook_path)
+        say(
+            "   Extraction produced no rules with this model, so matching and "
+            "execution run on the curated PEP 8 rulebook shipped with the package "
+            f"(written by hand, not extracted): {len(rulebook)} rule(s), saved to "
+            f"{rulebook_path}"
+        )
+        _list_rules(say, rulebook)
 
     say()
     store = RuleStore(
@@ -389,6 +414,7 @@ def run_demo(
         rules=len(rulebook),
         rulebook_path=str(rulebook_path),
         extraction=extraction,
+        curated=curated,
         snippets=reports,
         seconds=total,
     )
@@ -447,12 +473,43 @@ def _extract(
     )
 
 
+def curated_pep8_rules(sections: Sequence[Section]) -> Rulebook:
+    """The curated PEP 8 rulebook, restricted to the rules quoted from `sections`.
+
+    The whole of it when fewer than `CURATED_MIN_RULES` of its rules have their
+    source inside those sections (or no section is given).
+    """
+    curated = curated_rulebook("pep8")
+    within = [
+        rule
+        for rule in curated.rules
+        if rule.source is not None
+        and any(
+            rule.source.document_id == s.document_id
+            and s.start <= rule.source.start
+            and rule.source.end <= s.end
+            for s in sections
+        )
+    ]
+    if len(within) < CURATED_MIN_RULES:
+        return curated
+    return Rulebook(
+        domain=curated.domain,
+        rules=within,
+        documents=curated.documents,
+        diagnostics={
+            **curated.diagnostics,
+            "demo_sections": list(dict.fromkeys(_title(s) for s in sections)),
+            "demo_subset": f"{len(within)} of the {len(curated)} curated rules",
+        },
+    )
+
+
 def _say_rules(
     say: Callable[[str], None],
     rulebook: Rulebook,
     extraction: ExtractionCost | None,
     path: Path,
-    shown: int = 5,
 ) -> None:
     cost = (
         f"{extraction.llm_calls} LLM call(s), {extraction.seconds:.1f} s; "
@@ -460,28 +517,34 @@ def _say_rules(
         else ""
     )
     say(f"   rules found: {len(rulebook)} ({cost}saved to {path})")
+    _list_rules(say, rulebook)
+    if len(rulebook):
+        return
+    if extraction is None:
+        say(
+            "   No rules, so nothing can match below; the executor still runs, with "
+            "no guidance."
+        )
+        return
+    # run_demo goes on with the curated rulebook and says so.
+    dropped = "; ".join(
+        f"{phase}: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+        for phase, counts in extraction.problems.items()
+    )
+    if dropped:
+        say(
+            "   The model's answers did not survive validation and the faithfulness "
+            f"check (what was dropped: {dropped})."
+        )
+
+
+def _list_rules(say: Callable[[str], None], rulebook: Rulebook, shown: int = 5) -> None:
     for rule in rulebook.rules[:shown]:
         say(f"   - {rule.rule_id}: {rule.name}")
         say(f"       when: {_one_line(rule.condition)}")
         say(f"       do:   {_one_line(rule.action)}")
     if len(rulebook) > shown:
         say(f"   ... and {len(rulebook) - shown} more")
-    if not len(rulebook):
-        dropped = "; ".join(
-            f"{phase}: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-            for phase, counts in (extraction.problems if extraction else {}).items()
-        )
-        say(
-            "   No rules, so nothing can match below; the executor still runs, with "
-            "no guidance."
-            + (
-                " The model's answers did not survive validation and the "
-                f"faithfulness check (what was dropped: {dropped})."
-                if dropped
-                else ""
-            )
-            + " (--rulebook FILE matches against rules you already have.)"
-        )
 
 
 def _run_snippet(

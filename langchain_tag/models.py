@@ -13,24 +13,39 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import httpx
+from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel
+from pydantic import ValidationError
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+)
 
 if TYPE_CHECKING:
     from langgraph.types import RetryPolicy
 
 __all__ = [
+    "ONE_ATTEMPT",
+    "STRUCTURED_PARSE_ERRORS",
     "CallRetry",
     "ConfiguredModel",
     "ModelNotConfiguredError",
     "configured_model",
     "default_chat_model",
     "model_identity",
+    "supports_structured_output",
     "with_settings",
 ]
+
+_RetryingT = TypeVar("_RetryingT", Retrying, AsyncRetrying)
 
 MODEL_ENV_VAR = "TAG_MODEL"
 """Environment variable naming the model to use with the default `ChatOpenAI`."""
@@ -230,6 +245,34 @@ class CallRetry:
         base = min(self.max_delay, self.initial_delay * self.backoff ** (attempt - 1))
         return base * (1 + self.jitter * random.random())  # noqa: S311 - not crypto
 
+    def retrying(
+        self,
+        kind: type[_RetryingT],
+        *,
+        wait: Callable[[RetryCallState], float] | None = None,
+        before: Callable[[RetryCallState], Any] | None = None,
+    ) -> _RetryingT:
+        """A tenacity `Retrying` / `AsyncRetrying` running this policy.
+
+        Args:
+            kind: `Retrying` or `AsyncRetrying`.
+            wait: The wait after a failed attempt; default `delay` (which honours
+                `Retry-After`).
+            before: Called before each attempt (e.g. to wait for a shared pause).
+        """
+        options: dict[str, Any] = {"before": before} if before is not None else {}
+        return kind(
+            stop=stop_after_attempt(self.max_attempts),
+            wait=wait or self._wait,
+            retry=retry_if_exception(self.is_transient),
+            reraise=True,
+            **options,
+        )
+
+    def _wait(self, state: RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome is not None else None
+        return self.delay(state.attempt_number, error)
+
     def as_node_policy(self) -> RetryPolicy:
         """The same policy as a LangGraph node `RetryPolicy`."""
         from langgraph.types import RetryPolicy  # noqa: PLC0415 - only for graphs
@@ -246,6 +289,22 @@ class CallRetry:
 
 
 _ENDPOINT_FIELDS = ("openai_api_base", "base_url", "api_base", "endpoint_url", "host")
+
+
+ONE_ATTEMPT = CallRetry(max_attempts=1)
+"""No retry: what a `retry=None` setting runs."""
+
+STRUCTURED_PARSE_ERRORS = (ValidationError, json.JSONDecodeError, OutputParserException)
+"""What a structured-output call raises when the model answered in plain text."""
+
+
+def supports_structured_output(llm: BaseChatModel) -> bool:
+    """Whether `llm`'s class implements structured output (or tool binding)."""
+    cls = type(llm)
+    return (
+        cls.with_structured_output is not BaseChatModel.with_structured_output
+        or cls.bind_tools is not BaseChatModel.bind_tools
+    )
 
 
 def model_identity(llm: BaseChatModel) -> str:

@@ -20,7 +20,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "printing the rules, matches with scores, answers, calls and time. Uses the "
         "model configured by OPENAI_API_KEY / OPENAI_BASE_URL; with neither set it "
         "runs offline on SmolLM2-135M, which demonstrates the pipeline but judges "
-        "poorly.",
+        "poorly. When extraction yields no rules, matching and execution run on the "
+        "curated PEP 8 rulebook shipped with the package (written by hand, not "
+        "extracted), and the output says so.",
     )
     parser.add_argument(
         "--sections",

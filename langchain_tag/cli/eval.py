@@ -1,4 +1,4 @@
-"""`tag eval nba|obliqa|humaneval|all`: run the methods, print and write the report.
+"""`tag eval nba|obliqa|humaneval|npov|custom|all`: run the methods, write the report.
 
 The subcommand's options are declared here and `langchain_tag.cli` only registers
 them; the evaluation is imported when the command runs, so `tag --help` stays fast.
@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,11 +18,13 @@ from langchain_tag.cli.errors import CommandError
 from langchain_tag.data import DATA_DIR_ENV, shared_data_dir
 
 if TYPE_CHECKING:
+    from langchain_core.embeddings import Embeddings
     from langchain_core.language_models import BaseChatModel
 
     from langchain_tag.evaluation.diagnostic import DiagnosticResult
+    from langchain_tag.evaluation.methods import Method
     from langchain_tag.evaluation.runner import EvalResult
-    from langchain_tag.evaluation.tasks import TaskName
+    from langchain_tag.evaluation.tasks import EvalTask
 
 DEFAULT_OUT = Path(".langchain-tag") / "eval"
 DEFAULT_EMBEDDING_CACHE = Path(".langchain-tag") / "embeddings"
@@ -32,14 +34,18 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Register `tag eval` on the `tag` command's subparsers."""
     parser = commands.add_parser(
         "eval",
-        help="evaluate TAG and the baselines on the development data",
-        description="Run the standard methods on RuleArena-NBA, the ObliQA sample "
-        "and/or HumanEval + PEP 8, print the results tables, and write them as "
-        "Markdown, CSV and JSON with a cost-versus-quality plot. Methods that need "
-        "an LLM run only when a model is configured; --offline runs the others and "
-        "the oracle (which reads the gold labels: an upper bound).",
+        help="evaluate TAG and the baselines on the development data or your own",
+        description="Run the standard methods on RuleArena-NBA, the ObliQA sample, "
+        "HumanEval + PEP 8, NPOV rewriting (WNC sample), or your own labelled set "
+        "(custom), print the results tables, and write them as Markdown, CSV and "
+        "JSON with a cost-versus-quality plot. Methods that need an LLM run only "
+        "when a model is configured; --offline runs the others and the oracle "
+        "(which reads the gold labels: an upper bound). --estimate prints what a "
+        "run would cost without calling a model.",
     )
-    parser.add_argument("task", choices=["nba", "obliqa", "humaneval", "all"])
+    parser.add_argument(
+        "task", choices=["nba", "obliqa", "humaneval", "npov", "custom", "all"]
+    )
     parser.add_argument(
         "--data-dir",
         help=f"the shared data directory (default ${DATA_DIR_ENV}, else "
@@ -51,6 +57,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "(default: all)",
     )
     parser.add_argument(
+        "--suite",
+        choices=["2x2", "phases"],
+        help="a named experiment: 2x2 runs chunks|rules x similarity|applicability; "
+        "phases extracts a rulebook with each extraction phase skipped and "
+        "evaluates TAG on each (needs a model)",
+    )
+    parser.add_argument(
         "--limit", type=int, help="evaluate only the first N inputs of each task"
     )
     parser.add_argument(
@@ -59,7 +72,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help=f"directory for the report files (default {DEFAULT_OUT})",
     )
     parser.add_argument(
-        "--judge-model", help="judge model name for the default ChatOpenAI"
+        "--judge-model",
+        help="judge model name for the default ChatOpenAI (also NPOV's VFR judge "
+        "and the extraction model of --suite phases)",
     )
     parser.add_argument(
         "--executor-model", help="executor model name for the default ChatOpenAI"
@@ -75,8 +90,56 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="use no LLM: skip the methods that need one and the executor",
     )
     parser.add_argument(
+        "--rulebook", help="custom: your rulebook (tag extract's JSON file)"
+    )
+    parser.add_argument(
+        "--inputs",
+        help='custom: your labelled inputs, JSON lines {"input": ..., "applicable": '
+        '[rule ids], "reference": optional expected answer, "id": optional}',
+    )
+    parser.add_argument(
+        "--nba-rulebook",
+        help="nba: an extracted rulebook instead of RuleArena's 55 catalogue rules "
+        "(the method's setup; rules with applies_when/constraint fields are judged "
+        "with the NBA profile)",
+    )
+    parser.add_argument(
         "--pep8-rulebook",
-        help="a PEP 8 rulebook (tag extract) for HumanEval's rule methods",
+        help="humaneval: a PEP 8 rulebook (tag extract) instead of the curated one "
+        "shipped",
+    )
+    parser.add_argument(
+        "--npov-rulebook",
+        help="npov: an NPOV rulebook (tag extract) instead of the curated one shipped",
+    )
+    parser.add_argument(
+        "--embeddings",
+        help="the embedding model of the similarity methods: a local "
+        "sentence-transformers directory, or module:attribute naming a LangChain "
+        "Embeddings (class, factory or instance); default the offline MiniLM (the "
+        "method used BGE)",
+    )
+    parser.add_argument(
+        "--rules-sim-k",
+        type=int,
+        help="k of rules+similarity (default: TAG's mean picks on the run, as in "
+        "the method)",
+    )
+    parser.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print the LLM calls and tokens each chosen method would use, and "
+        "dollars with --price-in/--price-out; calls no model",
+    )
+    parser.add_argument(
+        "--price-in",
+        type=float,
+        help="--estimate: USD per million input tokens",
+    )
+    parser.add_argument(
+        "--price-out",
+        type=float,
+        help="--estimate: USD per million output tokens",
     )
     parser.add_argument(
         "--max-concurrency",
@@ -117,8 +180,16 @@ def _model(name: str | None, role: str, notices: list[str]) -> BaseChatModel | N
         return None
 
 
-def run_eval_command(args: argparse.Namespace) -> int:
-    """Run `tag eval` as parsed by `add_eval_parser`; returns the exit status."""
+_RULEBOOK_OPTIONS: dict[str, str] = {
+    "custom": "rulebook",
+    "nba": "nba_rulebook",
+    "humaneval": "pep8_rulebook",
+    "npov": "npov_rulebook",
+}
+"""Each task's rulebook option (as an attribute of the parsed arguments)."""
+
+
+def _check_options(args: argparse.Namespace) -> None:
     if args.offline and (
         args.judge_model or args.executor_model or args.cheap_judge_model
     ):
@@ -127,8 +198,53 @@ def run_eval_command(args: argparse.Namespace) -> int:
             "--cheap-judge-model."
         )
         raise CommandError(msg)
-    if args.limit is not None and args.limit < 1:
-        msg = f"--limit must be a positive number of inputs, got {args.limit}."
+    for option in ("limit", "rules_sim_k", "max_concurrency"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            msg = f"--{option.replace('_', '-')} must be at least 1, got {value}."
+            raise CommandError(msg)
+    for option in ("price_in", "price_out"):
+        value = getattr(args, option)
+        if value is not None and (value < 0 or not args.estimate):
+            msg = (
+                f"--{option.replace('_', '-')} is a price for --estimate (USD per "
+                f"million tokens, >= 0), got {value}"
+                + ("" if args.estimate else " without --estimate")
+                + "."
+            )
+            raise CommandError(msg)
+    _check_task_options(args)
+
+
+def _check_task_options(args: argparse.Namespace) -> None:
+    """The options naming files or suites fit the task."""
+    if args.task == "custom" and not (args.rulebook and args.inputs):
+        msg = (
+            "tag eval custom needs --rulebook R.json (your rules) and --inputs "
+            'L.jsonl (one {"input": ..., "applicable": [rule ids]} per line).'
+        )
+        raise CommandError(msg)
+    given = [
+        f"--{option.replace('_', '-')}"
+        for task, option in _RULEBOOK_OPTIONS.items()
+        if getattr(args, option) and args.task not in (task, "all")
+    ]
+    if args.inputs and args.task != "custom":
+        given.append("--inputs")
+    if given:
+        msg = f"{', '.join(given)}: not an option of tag eval {args.task}."
+        raise CommandError(msg)
+    if args.suite == "phases" and (
+        args.offline or args.task not in ("nba", "humaneval", "npov")
+    ):
+        msg = (
+            "--suite phases extracts a rulebook per ablation from the task's "
+            "document with the judge model: use it without --offline, on one of "
+            "nba, humaneval, npov."
+        )
+        raise CommandError(msg)
+    if args.suite and args.methods:
+        msg = "--suite chooses the methods; drop --methods."
         raise CommandError(msg)
     if not args.no_embedding_cache and Path(args.embedding_cache).is_file():
         msg = (
@@ -137,25 +253,69 @@ def run_eval_command(args: argparse.Namespace) -> int:
             "delete the file (an embeddings.sqlite of an earlier version)."
         )
         raise CommandError(msg)
+
+
+def _data_dir(args: argparse.Namespace) -> Path | None:
+    if args.task == "custom":
+        return None
     data_dir = shared_data_dir(args.data_dir)
     if data_dir is None:
         where = args.data_dir or f"${DATA_DIR_ENV} or ../shared/data"
         msg = (
             f"no data directory at {where}: pass --data-dir DIR (the directory "
-            f"holding rulearena_nba/, obliqa_sample/, humaneval/ and pep8/) or set "
-            f"{DATA_DIR_ENV}."
+            f"holding rulearena_nba/, obliqa_sample/, humaneval/, wnc_sample/ and "
+            f"pep8/) or set {DATA_DIR_ENV}."
         )
         raise CommandError(msg)
-    from langchain_tag.evaluation import methods, tasks  # noqa: PLC0415 - heavy
+    return data_dir
+
+
+def _tasks(args: argparse.Namespace, data_dir: Path | None) -> list[EvalTask]:
+    from langchain_tag.evaluation import tasks  # noqa: PLC0415 - heavy
 
     names = tasks.TASKS if args.task == "all" else (args.task,)
-    patterns = args.methods.split(",") if args.methods else None
-    if patterns:
-        # Check the patterns against every task's methods; each task then runs
-        # those it has (prefilter sizes differ between tasks).
-        methods.select_methods(
-            [m for name in names for m in methods.standard_methods(name)], patterns
-        )
+    return [
+        tasks.load_task(
+            name,
+            data_dir,
+            rulebook=getattr(args, _RULEBOOK_OPTIONS.get(name, ""), None),
+            inputs=args.inputs,
+        ).limited(args.limit)
+        for name in names
+    ]
+
+
+def _patterns(args: argparse.Namespace, loaded: Sequence[EvalTask]) -> list[str] | None:
+    from langchain_tag.evaluation import methods  # noqa: PLC0415 - heavy
+
+    if args.suite == "2x2":
+        return list(methods.SUITES["2x2"])
+    if args.suite == "phases":
+        return ["tag"]
+    if not args.methods:
+        return None
+    patterns: list[str] = args.methods.split(",")
+    # Check the patterns against every task's methods; each task then runs those
+    # it has (prefilter sizes differ between tasks).
+    methods.select_methods([m for task in loaded for m in _methods_of(task)], patterns)
+    return patterns
+
+
+def _methods_of(task: EvalTask) -> list[Method]:
+    from langchain_tag.evaluation import methods  # noqa: PLC0415 - heavy
+
+    return methods.standard_methods(
+        task.name, len(task.rulebook.rules) if task.rulebook else None
+    )
+
+
+def run_eval_command(args: argparse.Namespace) -> int:
+    """Run `tag eval` as parsed by `add_parser`; returns the exit status."""
+    _check_options(args)
+    loaded = _tasks(args, _data_dir(args))
+    patterns = _patterns(args, loaded)
+    if args.estimate:
+        return _estimate(args, loaded, patterns)
     notices: list[str] = []
     judge = None if args.offline else _model(args.judge_model, "judge", notices)
     executor = (
@@ -168,32 +328,37 @@ def run_eval_command(args: argparse.Namespace) -> int:
     )
     for notice in dict.fromkeys(notices):
         print(f"tag eval: {notice}", file=sys.stderr)  # noqa: T201
-    results, diagnostics = _evaluate(
-        args, data_dir, (names, patterns), (judge, cheap, executor)
-    )
+    if args.suite == "phases":
+        if judge is None:
+            msg = "--suite phases extracts with the judge model: configure one."
+            raise CommandError(msg)
+        results = _phase_suite(args, loaded[0], judge, executor)
+        return _report(args, results, [])
+    results, diagnostics = _evaluate(args, loaded, patterns, (judge, cheap, executor))
     return _report(args, results, diagnostics)
 
 
-def _evaluate(
-    args: argparse.Namespace,
-    data_dir: Path,
-    selection: tuple[Sequence[TaskName], list[str] | None],
-    models: tuple[BaseChatModel | None, BaseChatModel | None, BaseChatModel | None],
-) -> tuple[list[EvalResult], list[DiagnosticResult]]:
-    from langchain_tag.evaluation import (  # noqa: PLC0415 - heavy imports
-        diagnostic,
-        embedding_cache,
-        methods,
-        runner,
-        tasks,
+def _selected(task: EvalTask, patterns: list[str] | None) -> list[Method]:
+    from langchain_tag.evaluation import methods  # noqa: PLC0415 - heavy
+
+    chosen = _methods_of(task)
+    return (
+        chosen
+        if patterns is None
+        else methods.select_methods(chosen, patterns, strict=False)
     )
 
-    names, patterns = selection
-    embeddings = embedding_cache.shared_embeddings(
-        cache=None if args.no_embedding_cache else args.embedding_cache
-    )
-    started = time.perf_counter()
 
+def _embeddings(args: argparse.Namespace) -> Embeddings:
+    from langchain_tag.evaluation import embedding_cache  # noqa: PLC0415 - heavy
+
+    return embedding_cache.shared_embeddings(
+        args.embeddings,
+        cache=None if args.no_embedding_cache else args.embedding_cache,
+    )
+
+
+def _progress(started: float) -> Callable[[EvalResult], None]:
     def progress(result: EvalResult) -> None:
         status = (
             f"skipped ({(result.skip_reason or '').split(':')[0]})"
@@ -207,21 +372,28 @@ def _evaluate(
             flush=True,
         )
 
+    return progress
+
+
+def _evaluate(
+    args: argparse.Namespace,
+    loaded: Sequence[EvalTask],
+    patterns: list[str] | None,
+    models: tuple[BaseChatModel | None, BaseChatModel | None, BaseChatModel | None],
+) -> tuple[list[EvalResult], list[DiagnosticResult]]:
+    from langchain_tag.evaluation import (  # noqa: PLC0415 - heavy imports
+        diagnostic,
+        runner,
+    )
+
+    embeddings = _embeddings(args)
+    progress = _progress(time.perf_counter())
     results: list[EvalResult] = []
     diagnostics: list[DiagnosticResult] = []
-    for name in names:
-        chosen = (
-            methods.standard_methods(name)
-            if patterns is None
-            else methods.select_methods(
-                methods.standard_methods(name), patterns, strict=False
-            )
-        )
+    for task in loaded:
+        chosen = _selected(task, patterns)
         if not chosen:
             continue
-        task = tasks.load_task(
-            name, data_dir, pep8_rulebook=args.pep8_rulebook
-        ).limited(args.limit)
         results += asyncio.run(
             runner.aevaluate(
                 task,
@@ -231,13 +403,62 @@ def _evaluate(
                 executor_model=models[2],
                 embeddings=embeddings,
                 max_concurrency=args.max_concurrency,
+                rules_sim_k=args.rules_sim_k,
                 on_result=progress,
             )
         )
         kinds = [m.scorer for m in chosen if m.scorer is not None]
-        if kinds:
+        if kinds and task.gold_rules() is not None:
             diagnostics += diagnostic.diagnose(task, embeddings, kinds)
     return results, diagnostics
+
+
+def _estimate(
+    args: argparse.Namespace, loaded: Sequence[EvalTask], patterns: list[str] | None
+) -> int:
+    from langchain_tag.evaluation import estimate  # noqa: PLC0415 - heavy
+
+    embeddings = _embeddings(args)
+    rows = [
+        row
+        for task in loaded
+        for row in estimate.estimate_methods(
+            task,
+            _selected(task, patterns),
+            judge=not args.offline,
+            cheap_judge=bool(args.cheap_judge_model),
+            executor=not args.offline,
+            embeddings=embeddings,
+            max_concurrency=args.max_concurrency,
+            rules_sim_k=args.rules_sim_k,
+            price_in=args.price_in,
+            price_out=args.price_out,
+        )
+    ]
+    print(estimate.estimate_table(rows))  # noqa: T201
+    return 0
+
+
+def _phase_suite(
+    args: argparse.Namespace,
+    task: EvalTask,
+    judge: BaseChatModel,
+    executor: BaseChatModel | None,
+) -> list[EvalResult]:
+    from langchain_tag.evaluation import suites  # noqa: PLC0415 - heavy
+
+    return asyncio.run(
+        suites.aphase_ablation(
+            task,
+            extraction_model=judge,
+            judge_model=judge,
+            executor_model=executor,
+            embeddings=_embeddings(args),
+            max_concurrency=args.max_concurrency,
+            checkpoint_dir=Path(args.out) / "phases",
+            on_result=_progress(time.perf_counter()),
+        )
+    )
 
 
 def _report(

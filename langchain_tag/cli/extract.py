@@ -59,6 +59,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     extract.add_argument(
         "--faithfulness", choices=["corrected", "literal"], default="corrected"
     )
+    extract.add_argument(
+        "--merge",
+        choices=["duplicates", "preferred"],
+        default="duplicates",
+        help="phase-4 pairs merged into one rule: only duplicates (default, the "
+        "method), or also pairs the model marked preferred_action merge",
+    )
     extract.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     extract.set_defaults(handler=extract_command)
 
@@ -188,6 +195,7 @@ def extract_command(args: argparse.Namespace) -> int:
             on_progress=progress,
             max_section_tokens=args.max_section_tokens,
             faithfulness_mode=args.faithfulness,
+            merge=args.merge,
         )
     except Exception as error:
         if not model_failed(error):

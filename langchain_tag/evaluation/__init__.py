@@ -1,6 +1,7 @@
 """Evaluation: tasks, methods, a runner that scores them with their cost, reports.
 
-- `datasets`: RuleArena-NBA, ObliQA and HumanEval from the shared data directory.
+- `datasets`: RuleArena-NBA, ObliQA, HumanEval and the WNC pairs from the shared
+  data directory, and a user's labelled inputs (`load_labelled`).
 - `tasks`: each task's inputs, what methods retrieve from, and its quality metrics.
 - `methods`: the methods compared (no retrieval ... TAG ... the oracle), as data.
 - `runner`: `aevaluate` runs methods over a task into `EvalResult` rows.
@@ -12,9 +13,12 @@
 - `humaneval`: run HumanEval checks in a subprocess and score code with pylint.
 - `embedding_cache`: embeddings shared by a run's methods, kept across runs.
 - `usage`: `CallCounter`, model calls and reported tokens.
+- `npov`: NPOV rewriting's LLM-free metrics and the VFR judge.
+- `estimate`: what a run would cost (calls, tokens, dollars), calling no model.
+- `suites`: the phase ablations, one extraction per skipped phase.
 
-Importing this package loads none of `tasks`, `methods`, `runner`, `report` or
-`diagnostic` (the executor, the baselines, the prefilter's numpy and rank-bm25);
+Importing this package loads none of `tasks`, `methods`, `runner`, `report`,
+`npov`, `estimate`, `suites` or `diagnostic` (the executor, the baselines, the prefilter's numpy and rank-bm25);
 `from langchain_tag.evaluation import mismatch_diagnostic` loads the diagnostic on
 first use.
 """

@@ -1,4 +1,4 @@
-"""Loaders for the real evaluation data: RuleArena-NBA, ObliQA and HumanEval.
+"""Loaders for the real evaluation data: RuleArena-NBA, ObliQA, HumanEval and WNC.
 
 The data lives in the shared data directory (`langchain_tag.data.shared_data_dir`,
 overridden by `$TAG_DATA_DIR`), never in the package. Each loader reads its folder,
@@ -13,6 +13,8 @@ import functools
 import gzip
 import json
 import os
+import re
+import warnings
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -24,17 +26,41 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    TypeAdapter,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 
 from langchain_tag.data import DATA_DIR_ENV, shared_data_dir
 from langchain_tag.rules import Rule, Rulebook, SourceDocument, SourceSpan
 
+__all__ = [
+    "DataNotFoundError",
+    "DatasetError",
+    "HumanEvalProblem",
+    "LabelledInput",
+    "NBADataWarning",
+    "NBADataset",
+    "NBAProblem",
+    "ObliQADataset",
+    "ObliQAPassage",
+    "ObliQAQuestion",
+    "WNCPair",
+    "load_humaneval",
+    "load_labelled",
+    "load_nba",
+    "load_obliqa",
+    "load_wnc",
+    "obliqa_document_key",
+    "pep8_path",
+]
+
 NBA_DIR = "rulearena_nba"
 OBLIQA_DIR = "obliqa_sample"
 HUMANEVAL_FILE = "humaneval/HumanEval.jsonl.gz"
 PEP8_FILE = "pep8/pep-0008.rst"
+WNC_DIR = "wnc_sample"
 
 _T = TypeVar("_T")
 
@@ -56,8 +82,8 @@ def _data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
         where = data_dir or os.environ.get(DATA_DIR_ENV) or "../shared/data"
         msg = (
             f"No shared data directory at {where}. Pass data_dir, or set "
-            f"{DATA_DIR_ENV} to the directory holding rulearena_nba/, obliqa_sample/ "
-            "and humaneval/."
+            f"{DATA_DIR_ENV} to the directory holding rulearena_nba/, obliqa_sample/, "
+            "humaneval/ and wnc_sample/."
         )
         raise DataNotFoundError(msg)
     return found
@@ -136,8 +162,30 @@ def _build_all(
 # --- RuleArena-NBA ------------------------------------------------------------------
 
 
+class NBADataWarning(UserWarning):
+    """A RuleArena-NBA record was accepted after a correction; the message says which.
+
+    RuleArena's own files hold a problem (in `comp_1`) whose `answer` is false while
+    `illegal_operation` and `problematic_team` are set. `answer` is the primary
+    gold label, so it decides: the violation fields are ignored.
+    """
+
+
+_BOOL = TypeAdapter(bool)
+_VIOLATION_FIELDS = ("illegal_operation", "problematic_team")
+NBA_SOURCE = "source"
+"""Validation-context key naming where an `NBAProblem` record comes from (its file),
+for the messages of `NBADataWarning`."""
+
+
 class NBAProblem(BaseModel):
-    """One RuleArena-NBA problem with its gold answer and gold rule labels."""
+    """One RuleArena-NBA problem with its gold answer and gold rule labels.
+
+    `answer` decides: a record whose answer is false but which names an illegal
+    operation or a problematic team is accepted with both cleared, and an
+    `NBADataWarning` names it (and its file, when validated with
+    `context={NBA_SOURCE: path}`). A record whose answer is true must name both.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -157,13 +205,40 @@ class NBAProblem(BaseModel):
     illegal_operation: str | None = None
     problematic_team: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _answer_decides(cls, data: Any, info: ValidationInfo) -> Any:
+        """An all-legal answer with a violation named: keep the answer, warn."""
+        if not isinstance(data, Mapping):
+            return data
+        try:
+            answer = _BOOL.validate_python(data.get("answer"))
+        except ValidationError:
+            return data  # the field's own validation reports it
+        named = {f: data[f] for f in _VIOLATION_FIELDS if data.get(f) is not None}
+        if answer or not named:
+            return data
+        context = info.context if isinstance(info.context, Mapping) else {}
+        source = context.get(NBA_SOURCE)
+        where = f" in {source}" if source else ""
+        fields = ", ".join(f"{name}={value!r}" for name, value in named.items())
+        warnings.warn(
+            f"NBA problem {data.get('id')!r}{where} has answer false but sets "
+            f"{fields}; ignored {' and '.join(named)} (the answer decides: every "
+            "operation is legal).",
+            NBADataWarning,
+            stacklevel=2,
+        )
+        return {**data, **dict.fromkeys(_VIOLATION_FIELDS)}
+
     @model_validator(mode="after")
     def _violation_named(self) -> NBAProblem:
+        """A violation names both the operation and the team."""
         named = self.illegal_operation is not None and self.problematic_team is not None
-        if self.answer != named:
+        if self.answer and not named:
             msg = (
-                "illegal_operation and problematic_team must be given exactly when "
-                "answer is true"
+                "answer is true, so illegal_operation and problematic_team must both "
+                "be given"
             )
             raise ValueError(msg)
         return self
@@ -255,19 +330,23 @@ def _nba_problem(
     record: Mapping[str, Any],
     catalogue: Mapping[str, Rule],
     aliases: Mapping[str, str | None],
+    source: Path | None = None,
 ) -> NBAProblem:
     gold, dropped = _gold_labels(record["relevant_rules"], catalogue, aliases)
-    return NBAProblem(
-        **{key: record[key] for key in ("id", "level", "answer", *_NBA_BLOCKS)},
-        text="\n\n".join(
-            heading + "\n" + "\n".join(record[key])
-            for key, heading in _NBA_BLOCKS.items()
-        ),
-        gold_rule_ids=gold,
-        dropped_labels=tuple(dropped),
-        # Absent (or "") when every operation is legal.
-        illegal_operation=record.get("illegal_operation") or None,
-        problematic_team=record.get("problematic_team") or None,
+    return NBAProblem.model_validate(
+        {
+            **{key: record[key] for key in ("id", "level", "answer", *_NBA_BLOCKS)},
+            "text": "\n\n".join(
+                heading + "\n" + "\n".join(record[key])
+                for key, heading in _NBA_BLOCKS.items()
+            ),
+            "gold_rule_ids": gold,
+            "dropped_labels": tuple(dropped),
+            # Absent (or "") when every operation is legal.
+            "illegal_operation": record.get("illegal_operation") or None,
+            "problematic_team": record.get("problematic_team") or None,
+        },
+        context={NBA_SOURCE: str(source)} if source is not None else None,
     )
 
 
@@ -280,7 +359,9 @@ def load_nba(data_dir: str | os.PathLike[str] | None = None) -> NBADataset:
     catalogue description and `tags` the category. Rules that TAG extracts from
     `cba_text` have other ids and must be mapped onto the catalogue to be scored.
     Labels are normalised with `rule_label_aliases.json`; labels that map to null
-    name no rule and are dropped (kept per problem in `dropped_labels`).
+    name no rule and are dropped (kept per problem in `dropped_labels`). A problem
+    whose answer is false but which names a violation is kept with the violation
+    cleared, and an `NBADataWarning` names it and the file (see `NBAProblem`).
 
     Args:
         data_dir: The shared data directory; default `shared_data_dir()`.
@@ -311,7 +392,9 @@ def load_nba(data_dir: str | os.PathLike[str] | None = None) -> NBADataset:
         problems = _build_all(
             problems_path,
             _json_lines(problems_path, lines),
-            functools.partial(_nba_problem, catalogue=by_id, aliases=aliases),
+            functools.partial(
+                _nba_problem, catalogue=by_id, aliases=aliases, source=problems_path
+            ),
         )
     return NBADataset(
         problems=problems,
@@ -618,3 +701,127 @@ def pep8_path(data_dir: str | os.PathLike[str] | None = None) -> Path:
         DataNotFoundError: The directory or the file is missing.
     """
     return _file(_data_dir(data_dir), PEP8_FILE)
+
+
+# --- Wiki Neutrality Corpus (WNC) sample ----------------------------------------------
+
+
+class WNCPair(BaseModel):
+    """One WNC sentence pair: a biased sentence and its neutral edit.
+
+    Both sides are lowercased and tokenized as the corpus is (spaces around
+    punctuation, `' s`); `langchain_tag.evaluation.npov.normalize_wnc` brings a
+    model's rewrite to that form.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(min_length=1)
+    biased: str = Field(min_length=1, description="The sentence before the edit.")
+    neutral: str = Field(min_length=1, description="The sentence after the edit.")
+    source_split: str = Field(description="The upstream file's split (`train`).")
+    source_line: int = Field(ge=0, description="0-based line in the upstream files.")
+
+    @property
+    def unchanged(self) -> bool:
+        """True if the edit changed nothing but whitespace (4 dev pairs: noise).
+
+        Such pairs are kept, as the corpus has them; an identity rewrite matches
+        their reference exactly, so scores over all pairs credit copying a little.
+        """
+        return self.biased.split() == self.neutral.split()
+
+
+_SPLIT_NAME = re.compile(r"[a-z0-9_]+")
+
+
+def load_wnc(
+    data_dir: str | os.PathLike[str] | None = None, *, split: str = "dev"
+) -> list[WNCPair]:
+    """Load the WNC sample's sentence pairs (`wnc_sample/pairs_<split>.jsonl`).
+
+    The dev split has 1,000 biased -> neutral pairs from Wikipedia NPOV edits, the
+    offline stand-in for the TAG paper's NPOV Noticeboard cases. Pairs whose two
+    sides are identical are kept; `WNCPair.unchanged` flags them.
+
+    Args:
+        data_dir: The shared data directory; default `shared_data_dir()`.
+        split: Which file; only `dev` is in the shared data.
+
+    Raises:
+        ValueError: `split` is not a plain lower-case name.
+        DataNotFoundError: The directory or the split's file is missing.
+        DatasetError: A line is not valid JSON, a field is missing or has the
+            wrong type (the message names file, line and field), or ids repeat.
+    """
+    if not _SPLIT_NAME.fullmatch(split):
+        msg = f"split must be a lower-case name such as 'dev', got {split!r}."
+        raise ValueError(msg)
+    path = _file(_data_dir(data_dir), f"{WNC_DIR}/pairs_{split}.jsonl")
+    with path.open(encoding="utf-8") as lines:
+        pairs = _build_all(path, _json_lines(path, lines), WNCPair.model_validate)
+    repeated = sorted(i for i, n in Counter(p.id for p in pairs).items() if n > 1)
+    if repeated:
+        msg = f"{path}: ids repeat: {', '.join(repeated[:5])}."
+        raise DatasetError(msg)
+    return pairs
+
+
+# --- A user's labelled inputs (`tag eval custom`) -------------------------------------
+
+
+class LabelledInput(BaseModel):
+    """One labelled input of a user's own set: the rules that apply to it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(min_length=1, description="Default: `line-N` (its line).")
+    input: str = Field(min_length=1, description="What is judged and executed.")
+    applicable: tuple[str, ...] = Field(
+        description="The ids of the rules that apply to it (may be empty)."
+    )
+    reference: str | None = Field(
+        default=None, description="The expected answer, to score the executor's."
+    )
+
+
+def load_labelled(path: str | os.PathLike[str]) -> list[LabelledInput]:
+    """Read a JSON-lines file of labelled inputs.
+
+    Each line is `{"input": ..., "applicable": [rule ids]}`, optionally with
+    `"reference"` (the expected answer) and `"id"` (default `line-N`). Unknown fields
+    are refused, so a misspelt `"applicable"` is not silently a no-rule input.
+
+    Raises:
+        DataNotFoundError: The file is missing.
+        DatasetError: A line is not JSON or not such a record (file, line, field
+            named), ids repeat, or the file holds no input.
+    """
+    source = Path(path)
+    if not source.is_file():
+        msg = f"No labelled inputs at {source}: pass the JSON-lines file's path."
+        raise DataNotFoundError(msg)
+
+    def build(numbered: tuple[int, Any]) -> LabelledInput:
+        number, record = numbered
+        if not isinstance(record, dict):
+            msg = 'not a JSON object {"input": ..., "applicable": [...]}'
+            raise TypeError(msg)
+        return LabelledInput.model_validate({"id": f"line-{number}", **record})
+
+    with source.open(encoding="utf-8") as lines:
+        records = [
+            (where, (int(where.split()[1]), record))
+            for where, record in _json_lines(source, lines)
+        ]
+    inputs = _build_all(source, records, build)
+    if not inputs:
+        msg = f"{source} holds no labelled input."
+        raise DatasetError(msg)
+    repeated = sorted(i for i, n in Counter(x.id for x in inputs).items() if n > 1)
+    if repeated:
+        msg = (
+            f"{source}: ids repeat: {', '.join(repeated[:5])}; give each input its own."
+        )
+        raise DatasetError(msg)
+    return inputs

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_tag.evaluation.embedding_cache import shared_embeddings
 from langchain_tag.evaluation.learned import LearnedScorer, fit_kfold
-from langchain_tag.evaluation.methods import PREFILTER_KINDS, Scorer
+from langchain_tag.evaluation.methods import PREFILTER_KINDS, Scorer, prefilter_sizes
 from langchain_tag.evaluation.metrics import mean, n_for_recall, recall_at_k, roc_auc
 from langchain_tag.evaluation.tasks import EvalTask, TaskName
 from langchain_tag.matching import prefilters
@@ -154,6 +154,7 @@ DIAGNOSTIC_KS: Mapping[TaskName, tuple[int, ...]] = {
     "obliqa": (10, 25, 50, 100),
     "humaneval": (10, 20, 40),
 }
+"""The recall@k columns per task; a custom task's are its prefilter sizes."""
 
 
 def diagnose(
@@ -192,7 +193,11 @@ def diagnose(
             task=task.name,
             scorer=kind,
             report=mismatch_diagnostic(
-                queries, wanted, built[kind], DIAGNOSTIC_KS[task.name]
+                queries,
+                wanted,
+                built[kind],
+                DIAGNOSTIC_KS.get(task.name)
+                or prefilter_sizes(task.name, len(task.rulebook.rules)),
             ),
         )
         for kind in order

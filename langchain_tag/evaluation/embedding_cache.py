@@ -21,7 +21,11 @@ from langchain_classic.storage import LocalFileStore
 from langchain_core.embeddings import Embeddings
 from langchain_core.stores import ByteStore, InMemoryByteStore
 
-from langchain_tag.embeddings import LocalMiniLMEmbeddings
+from langchain_tag.embeddings import (
+    EmbeddingsSpec,
+    LocalMiniLMEmbeddings,
+    embeddings_from_spec,
+)
 
 __all__ = [
     "SharedEmbeddings",
@@ -111,20 +115,26 @@ def cache_embeddings(
 
 
 def shared_embeddings(
-    embeddings: Embeddings | None = None,
+    embeddings: EmbeddingsSpec = None,
     cache: str | os.PathLike[str] | None = None,
 ) -> SharedEmbeddings:
     """Embeddings every method of a run shares, each text embedded once.
 
     Args:
-        embeddings: The model; default the offline MiniLM. Already shared
-            embeddings are returned as they are.
+        embeddings: The model, or a spec naming it (see `embeddings_from_spec`:
+            a local model directory, `module:attribute`, ...); default the
+            offline MiniLM. Already shared embeddings are returned as they are.
         cache: A directory keeping the vectors across runs, used when the model
-            can be named (see `embedding_namespace`).
+            can be named (see `embedding_namespace`); each model's vectors are
+            keyed under its own name, so models never share vectors.
+
+    Raises:
+        ValueError: `embeddings` is a spec naming no model (see
+            `embeddings_from_spec`).
     """
     if isinstance(embeddings, SharedEmbeddings):
         return embeddings
-    model = embeddings or LocalMiniLMEmbeddings()
+    model = embeddings_from_spec(embeddings)
     namespace = embedding_namespace(model)
     if cache is not None and namespace is None:
         logger.warning(

@@ -4,18 +4,22 @@ Model-written code is untrusted, so it never runs in this process: each check ru
 in a fresh `python -I` subprocess in its own temporary directory and process group,
 with a wall-clock timeout (the whole group is killed when it passes) and a cap on
 its address space. Pylint also runs in a subprocess, with its default rules except
-missing-final-newline (C0304) and trailing-newlines (C0305), as the method says.
+missing-final-newline (C0304) and trailing-newlines (C0305), as the method says; an
+answer pylint cannot rate (blank, unparseable) scores 0 (`UNPARSEABLE_SCORE`).
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
+import math
 import re
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,32 +223,94 @@ def _pylint_argv(directory: Path, module: Path) -> list[str]:
     ]
 
 
-def pylint_score(code: str) -> float:
+UNPARSEABLE_SCORE = 0.0
+"""The method's pylint score of an answer pylint cannot rate: it counts as 0."""
+
+_UNRATABLE = frozenset({"syntax-error", "astroid-error", "parse-error", "fatal"})
+"""Pylint message symbols saying the module could not be parsed or analysed."""
+
+
+def _parses(code: str) -> bool:
+    """Whether `code` is Python this interpreter (and so pylint) can parse."""
+    with warnings.catch_warnings():
+        # Invalid escape sequences and the like warn; they are not parse errors.
+        warnings.simplefilter("ignore")
+        try:
+            ast.parse(code, filename="solution.py")
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            # ValueError: NUL bytes; the others: nesting too deep to parse.
+            return False
+    return True
+
+
+def _report_score(report: object) -> float | None:
+    """The score of a pylint JSON report; None if it rates nothing.
+
+    None when the report has no numeric score (pylint's rating failed), or a
+    message saying the module could not be parsed or analysed.
+    """
+    if not isinstance(report, dict):
+        return None
+    messages = report.get("messages")
+    if isinstance(messages, list) and any(
+        isinstance(m, dict)
+        and (m.get("symbol") in _UNRATABLE or m.get("type") == "fatal")
+        for m in messages
+    ):
+        return None
+    statistics = report.get("statistics")
+    score = statistics.get("score") if isinstance(statistics, dict) else None
+    if isinstance(score, bool) or not isinstance(score, int | float):
+        return None  # e.g. "An exception occurred while rating: ..."
+    if not math.isfinite(score):
+        return None
+    return max(0.0, float(score))
+
+
+def pylint_score(code: str, *, unparseable_score: float = UNPARSEABLE_SCORE) -> float:
     """Pylint's score of `code` (0-10), default rules minus C0304 and C0305.
 
-    Code that does not parse scores 0, as pylint rates it; so does blank code (no
-    answer), which pylint itself would rate 10.
+    As the method counts them, answers pylint cannot rate score 0 and stay in the
+    mean (`unparseable_score`): blank code (no answer, which pylint would rate 10),
+    code that does not parse (a syntax error, NUL bytes; checked with `ast.parse`
+    before pylint runs), and a report with no usable score (a syntax-error or fatal
+    message, or a rating that failed). A score below 0 (a custom evaluation
+    formula) counts as 0.
+
+    Args:
+        code: The answer's Python source.
+        unparseable_score: The score of such answers; the default 0 follows the
+            method. `math.nan` marks them instead, for a caller that leaves them
+            out of its mean (the harness's behaviour before this setting).
 
     Raises:
-        RuntimeError: Pylint failed or timed out.
+        RuntimeError: Pylint could not run: it timed out, or printed no report at
+            all (not installed, a usage error, a crash). These say nothing about
+            the answer, so they are not scored.
     """
-    if not code.strip():
-        return 0.0
+    if not code.strip() or not _parses(code):
+        return unparseable_score
     run = _run("solution.py", code, _pylint_argv, _PYLINT_TIMEOUT)
     if run.returncode is None:
         msg = f"pylint did not finish within {_PYLINT_TIMEOUT:g} s"
         raise RuntimeError(msg)
     try:
-        return float(json.loads(run.stdout)["statistics"]["score"])
-    except (ValueError, KeyError, TypeError):
+        report = json.loads(run.stdout)
+    except ValueError:
         # A usage error or a crash (exit status 32 and up) prints no report.
         msg = (
-            f"pylint gave no score (exit status {run.returncode}): "
+            f"pylint gave no report (exit status {run.returncode}): "
             f"{run.stderr.strip()[-_STDERR_TAIL:] or run.stdout[:_STDERR_TAIL]}"
         )
         raise RuntimeError(msg) from None
+    score = _report_score(report)
+    return unparseable_score if score is None else score
 
 
-async def apylint_score(code: str) -> float:
+async def apylint_score(
+    code: str, *, unparseable_score: float = UNPARSEABLE_SCORE
+) -> float:
     """`pylint_score` in a worker thread, without blocking the event loop."""
-    return await asyncio.to_thread(pylint_score, code)
+    return await asyncio.to_thread(
+        pylint_score, code, unparseable_score=unparseable_score
+    )

@@ -48,15 +48,17 @@ __all__ = [
     "LEARNED_NOTES",
     "PREFILTER_KINDS",
     "PREFILTER_NS",
+    "PREFILTER_SHARES",
     "RULES_PER_CALL",
-    "RULE_SIMILARITY_KS",
-    "TAG_PREFILTER",
+    "RULE_SIMILARITY_FALLBACK_K",
+    "SUITES",
     "Family",
     "Method",
     "MethodContext",
     "Requirement",
     "Scorer",
     "ShortlistedRules",
+    "prefilter_sizes",
     "select_methods",
     "standard_methods",
 ]
@@ -78,10 +80,10 @@ Family = Literal[
 ]
 """What kind of selection a method makes (the plot colours points by family)."""
 
-Requirement = Literal["judge", "cheap_judge", "rulebook", "gold"]
-"""What a method needs beyond the task's documents: a judge model, a cheap judge
-model with logprobs (the cascade), a rulebook for the task, or gold labels (the
-oracle)."""
+Requirement = Literal["judge", "cheap_judge", "rulebook", "gold", "documents"]
+"""What a method needs: a judge model, a cheap judge model with logprobs (the
+cascade), a rulebook for the task, gold labels (the oracle), or documents to chunk
+(a custom task has only its rulebook)."""
 
 JudgeKind = Literal["model", "cascade", "oracle"]
 """TAG's judge: the judge model, the cascade in front of it, or the oracle."""
@@ -99,21 +101,29 @@ CHUNK_KS = (5, 10, 15, 20)
 PREFILTER_KINDS: tuple[prefilters.Method, ...] = ("dense", "bm25", "hybrid")
 
 PREFILTER_NS: Mapping[TaskName, tuple[int, ...]] = {
-    # NBA has 55 catalogued rules; ObliQA hundreds of passage rules; PEP 8 ~120.
+    # NBA has 55 catalogued rules; ObliQA hundreds of passage rules; PEP 8 and the
+    # NPOV policy 50-120.
     "nba": (5, 10, 20),
     "obliqa": (10, 25, 50),
     "humaneval": (10, 20, 40),
+    "npov": (10, 20, 40),
 }
+"""The prefilter sizes per task; a custom rulebook's are `PREFILTER_SHARES` of it."""
 
-RULE_SIMILARITY_KS = (10,)
-"""The top k of similar rules: around TAG's mean picks in the paper (14-21 rules)
-and the gold label count."""
+PREFILTER_SHARES = (0.1, 0.25, 0.5)
+"""A custom rulebook's prefilter sizes, as shares of its rules."""
 
-TAG_PREFILTER: Mapping[TaskName, Shortlist] = {
-    task: ("hybrid", max(sizes)) for task, sizes in PREFILTER_NS.items()
+RULE_SIMILARITY_FALLBACK_K = 10
+"""rules+similarity's k when TAG did not run before it (the method sets k to TAG's
+mean picks on the same run)."""
+
+SUITES: Mapping[str, tuple[str, ...]] = {
+    # The paper's 2x2: units (chunks | rules) x selection (similarity |
+    # applicability); chunks by similarity is M2 at k=10.
+    "2x2": ("m2-chunks-k10", "chunks+applicability", "tag", "rules-sim"),
 }
-"""The largest hybrid prefilter, put in front of TAG (and of the oracle, to bound
-TAG + prefilter)."""
+"""Named method selections (`tag eval --suite`); `phases` is run by
+`evaluation.suites`, as it extracts a rulebook per ablation."""
 
 
 @dataclass(frozen=True)
@@ -127,11 +137,17 @@ class MethodContext:
     """The cascade's first-stage judge (needs logprobs)."""
     max_concurrency: int = 8
     """In-flight LLM calls at most, per method."""
+    rules_sim_k: int | None = None
+    """rules+similarity's k; None: TAG's mean picks on this run (the method)."""
+    tag_mean_picks: float | None = None
+    """Rules TAG gave the executor per input on this run, once TAG ran."""
 
     def unavailable(self, method: Method) -> str | None:
         """Why `method` cannot run here, or None."""
         if "rulebook" in method.needs and self.task.rulebook is None:
             return self.task.missing_rulebook or "the task has no rulebook"
+        if "documents" in method.needs and not self.task.documents:
+            return "the task has no documents to split into chunks"
         if "gold" in method.needs and self.task.gold_rules() is None:
             return "the task has no gold rule labels"
         if "judge" in method.needs and self.judge_model is None:
@@ -153,6 +169,19 @@ class MethodContext:
             raise ValueError(msg)
         return self.task.rulebook
 
+    def similarity_k(self) -> tuple[int, str]:
+        """rules+similarity's k, and where it came from (for the row's notes)."""
+        if self.rules_sim_k is not None:
+            return self.rules_sim_k, f"rules-sim: k={self.rules_sim_k}, as set"
+        if self.tag_mean_picks is not None:
+            k = max(1, round(self.tag_mean_picks))
+            return k, (
+                f"rules-sim: k={k}, TAG's mean picks on this run "
+                f"({self.tag_mean_picks:.1f})"
+            )
+        k = RULE_SIMILARITY_FALLBACK_K
+        return k, f"rules-sim: k={k}, since TAG did not run before it"
+
     def judge(self) -> BaseChatModel:
         """The judge model (a method needing `judge` only runs when there is one)."""
         if self.judge_model is None:  # guarded by `unavailable`
@@ -164,7 +193,8 @@ class MethodContext:
 Builder = Callable[[MethodContext], BaseRetriever]
 
 _RULEBOOK: tuple[Requirement, ...] = ("rulebook",)
-_JUDGE: tuple[Requirement, ...] = ("judge",)
+_JUDGE: tuple[Requirement, ...] = ("judge", "documents")
+_DOCUMENTS: tuple[Requirement, ...] = ("documents",)
 _JUDGED: tuple[Requirement, ...] = ("rulebook", "judge")
 _CASCADE: tuple[Requirement, ...] = ("rulebook", "judge", "cheap_judge")
 _ORACLE: tuple[Requirement, ...] = ("rulebook", "gold")
@@ -198,6 +228,8 @@ class Method:
     learned one, `learned`: the diagnostic row the method stands on."""
     notes: tuple[str, ...] = ()
     """Said of every result of the method (e.g. what it was trained on)."""
+    explain: Callable[[MethodContext], str] | None = None
+    """A note that depends on the run (e.g. the k rules+similarity used)."""
 
 
 # --- Builders -------------------------------------------------------------------------
@@ -216,10 +248,16 @@ def _chunks(context: MethodContext, *, k: int) -> BaseRetriever:
     return baselines.chunk_retriever(chunks, context.embeddings, k)
 
 
-def _similar_rules(context: MethodContext, *, k: int) -> BaseRetriever:
+def _similar_rules(context: MethodContext) -> BaseRetriever:
     return baselines.RuleSimilarityRetriever(
-        rulebook=context.rules(), embeddings=context.embeddings, k=k
+        rulebook=context.rules(),
+        embeddings=context.embeddings,
+        k=context.similarity_k()[0],
     )
+
+
+def _similarity_note(context: MethodContext) -> str:
+    return context.similarity_k()[1]
 
 
 def _shortlist(context: MethodContext, shortlist: Shortlist) -> BaseRetriever:
@@ -353,15 +391,35 @@ class ShortlistedRules(BaseRetriever):
 # --- The registry ---------------------------------------------------------------------
 
 
-def standard_methods(task: TaskName) -> list[Method]:
-    """The methods compared on `task`, cheapest first.
+def prefilter_sizes(task: TaskName, n_rules: int | None = None) -> tuple[int, ...]:
+    """The prefilter sizes compared on `task` (a custom one: shares of its rules).
 
-    The oracle is named as such: it reads the gold labels.
+    Raises:
+        ValueError: A custom task without `n_rules`.
+    """
+    if task != "custom":
+        return PREFILTER_NS[task]
+    if n_rules is None:
+        msg = "A custom task's prefilter sizes need its rule count."
+        raise ValueError(msg)
+    return tuple(sorted({max(1, round(n_rules * share)) for share in PREFILTER_SHARES}))
+
+
+def standard_methods(task: TaskName, n_rules: int | None = None) -> list[Method]:
+    """The methods compared on `task`, cheapest first, rules+similarity after TAG.
+
+    rules+similarity comes after TAG because its k is TAG's mean picks on the same
+    run. The oracle is named as such: it reads the gold labels.
+
+    Args:
+        task: The task's name.
+        n_rules: The rulebook's size (needed for `custom`: its prefilter sizes).
     """
     # ObliQA's rulebook is its passages, one pseudo-rule each.
     rules: UnitKind = "passages" if task == "obliqa" else "rules"
-    scorer, n = behind = TAG_PREFILTER[task]
-    behind_name = f"+{scorer}-n{n}"
+    sizes = prefilter_sizes(task, n_rules)
+    behind: Shortlist = ("hybrid", max(sizes))
+    behind_name = f"+hybrid-n{max(sizes)}"
     tag, oracle = partial(_tag, judge="model"), partial(_tag, judge="oracle")
     return [
         # M0: the executor gets no guidance. M1: every rule's action.
@@ -369,19 +427,14 @@ def standard_methods(task: TaskName) -> list[Method]:
         Method("m1-all-rules", "all", rules, _all_rules, _RULEBOOK),
         # M2: the top k 500-character chunks by embedding similarity.
         *(
-            Method(f"m2-chunks-k{k}", "similarity", "chunks", partial(_chunks, k=k))
-            for k in CHUNK_KS
-        ),
-        # The top k rules by embedding similarity (name, condition, action).
-        *(
             Method(
-                f"rules-sim-k{k}",
+                f"m2-chunks-k{k}",
                 "similarity",
-                rules,
-                partial(_similar_rules, k=k),
-                _RULEBOOK,
+                "chunks",
+                partial(_chunks, k=k),
+                _DOCUMENTS,
             )
-            for k in RULE_SIMILARITY_KS
+            for k in CHUNK_KS
         ),
         # A prefilter's N rules, unjudged.
         *(
@@ -394,7 +447,7 @@ def standard_methods(task: TaskName) -> list[Method]:
                 scorer=kind,
             )
             for kind in PREFILTER_KINDS
-            for size in PREFILTER_NS[task]
+            for size in sizes
         ),
         # M3: TAG, one applicability judgment per rule, of all rules or of the
         # prefilter's; the cascade's cheap judge's confident NOs are final.
@@ -419,6 +472,16 @@ def standard_methods(task: TaskName) -> list[Method]:
         ),
         Method(
             "tag-cascade", "cascade", rules, partial(_tag, judge="cascade"), _CASCADE
+        ),
+        # The top k rules by embedding similarity (name, condition, action), k
+        # TAG's mean picks on this run.
+        Method(
+            "rules-sim",
+            "similarity",
+            rules,
+            _similar_rules,
+            _RULEBOOK,
+            explain=_similarity_note,
         ),
         # Pairwise "is this rule relevant", the action shown.
         Method("relevance-reranker", "reranker", rules, _reranker, _JUDGED),

@@ -19,8 +19,9 @@ from typing import Any, NamedTuple
 
 from langchain_tag.evaluation.diagnostic import DiagnosticResult
 from langchain_tag.evaluation.learned import KFOLDS
+from langchain_tag.evaluation.methods import SUITES
 from langchain_tag.evaluation.runner import EvalResult
-from langchain_tag.evaluation.tasks import METRICS, TASKS, TaskName
+from langchain_tag.evaluation.tasks import METRICS, TaskName
 
 __all__ = [
     "ReportFiles",
@@ -37,12 +38,16 @@ MAIN_METRICS: dict[TaskName, tuple[str, ...]] = {
     "nba": ("strict_accuracy", "f1_micro"),
     "obliqa": ("recall_at_10",),
     "humaneval": ("pass_at_1", "pylint"),
+    "npov": ("vfr", "exact_match", "bleu"),
+    "custom": ("f1_micro", "reference_exact"),
 }
 
 TASK_TITLES: dict[TaskName, str] = {
     "nba": "RuleArena-NBA",
     "obliqa": "ObliQA sample",
     "humaneval": "HumanEval + PEP 8",
+    "npov": "NPOV rewriting (WNC sample)",
+    "custom": "Your labelled set",
 }
 
 SCORER_LABELS: dict[str, str] = {
@@ -100,14 +105,50 @@ def markdown_table(
     predicts the gold rules (the N a prefilter needs).
     """
     sections = []
-    for task in TASKS:
+    for task in METRICS:
         rows = [r for r in results if r.task == task]
         found = [d for d in diagnostics if d.task == task]
         if rows:
             sections.append(_task_section(task, rows))
+            if square := _two_by_two(task, rows):
+                sections.append(square)
         if found:
             sections.append(_diagnostic_section(found))
     return "\n\n".join(sections) + "\n"
+
+
+def _two_by_two(task: TaskName, rows: Sequence[EvalResult]) -> str | None:
+    """The paper's 2x2 (units x selection) on the main metric, when all four ran."""
+    chunks_sim, chunks_app, rules_app, rules_sim = SUITES["2x2"]
+    found = {r.method: r for r in rows if r.status == "ok"}
+    metric = main_metric(task, list(found.values()))
+    if metric is None or not all(name in found for name in SUITES["2x2"]):
+        return None
+
+    def cell(name: str) -> str:
+        return _cell(found[name].metrics.get(metric))
+
+    return "\n".join(
+        [
+            f"### {TASK_TITLES[task]}: units x selection ({metric})",
+            "",
+            *_table(
+                ["units", "similarity", "applicability"],
+                [
+                    [
+                        f"chunks ({chunks_sim}, {chunks_app})",
+                        cell(chunks_sim),
+                        cell(chunks_app),
+                    ],
+                    [
+                        f"rules ({rules_sim}, {rules_app})",
+                        cell(rules_sim),
+                        cell(rules_app),
+                    ],
+                ],
+            ),
+        ]
+    )
 
 
 def _diagnostic_section(diagnostics: Sequence[DiagnosticResult]) -> str:
@@ -263,6 +304,10 @@ PLOT_LABELS = {
     "recall_at_10": "Recall@10 of gold passages",
     "pass_at_1": "pass@1",
     "pylint": "pylint score",
+    "vfr": "violation fix rate (VFR)",
+    "exact_match": "exact match with the neutral sentence",
+    "bleu": "BLEU against the neutral sentence",
+    "reference_exact": "exact match with the reference",
 }
 
 _DPI = 120
@@ -289,7 +334,7 @@ def plot_cost_quality(
     """
     measured = [
         (task, rows, metric)
-        for task in TASKS
+        for task in METRICS
         if (rows := [r for r in results if r.task == task and r.status == "ok"])
         and (metric := main_metric(task, rows)) is not None
     ]

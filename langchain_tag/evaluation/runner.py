@@ -12,13 +12,15 @@ do the same on a task's development data.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Literal, TypedDict
 
-from langchain_core.embeddings import Embeddings
+from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel
 from langchain_core.retrievers import BaseRetriever
 from pydantic import (
@@ -30,6 +32,7 @@ from pydantic import (
 )
 from typing_extensions import Self, Unpack
 
+from langchain_tag.embeddings import EmbeddingsSpec
 from langchain_tag.evaluation.embedding_cache import shared_embeddings
 from langchain_tag.evaluation.methods import (
     Family,
@@ -47,6 +50,7 @@ from langchain_tag.evaluation.tasks import (
     TaskName,
     UnitKind,
     load_task,
+    scored,
 )
 from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.execution import ActionOnlyExecutor
@@ -56,6 +60,7 @@ __all__ = [
     "EvalResult",
     "RunOptions",
     "aevaluate",
+    "method_context",
     "run_humaneval",
     "run_nba",
     "run_obliqa",
@@ -89,6 +94,11 @@ class EvalResult(BaseModel):
     )
     llm_calls: int = Field(default=0, description="Judge and executor calls.")
     executor_calls: int = 0
+    grader_calls: int = Field(
+        default=0,
+        description="LLM grading calls (NPOV's VFR judge): the evaluation's cost, "
+        "not the method's, so not in `llm_calls`.",
+    )
     input_tokens: int | None = Field(
         default=None, description="As reported by the models; None if none reported."
     )
@@ -105,8 +115,15 @@ class EvalResult(BaseModel):
     mean_context_chars: float | None = Field(
         default=None, description="Characters of those units per input."
     )
+    malformed: int = Field(
+        default=0,
+        description="Executor answers that could not be parsed: scored as wrong.",
+    )
     failures: int = Field(
-        default=0, description="Inputs whose retrieval or execution raised."
+        default=0,
+        description="Inputs whose retrieval, execution or grading raised (a "
+        "judgment failed after its retries, say): flagged and left out of the "
+        "quality means, never scored as wrong answers.",
     )
     first_error: str | None = Field(
         default=None, description="The first failure's error, when any failed."
@@ -174,10 +191,13 @@ class RunOptions(TypedDict, total=False):
     """The cascade's cheap first judge (a model with logprobs); None skips it."""
     executor_model: BaseChatModel | None
     """Executes the task (strict accuracy, pass@1); None measures retrieval only."""
-    embeddings: Embeddings | None
-    """For similarity methods; default the offline MiniLM."""
+    embeddings: EmbeddingsSpec
+    """For similarity methods: an `Embeddings`, a local sentence-transformers
+    directory, or `module:attribute`; default the offline MiniLM."""
     max_concurrency: int
     """Inputs in progress at once, and LLM calls in flight per method."""
+    rules_sim_k: int | None
+    """rules+similarity's k; None (default) is TAG's mean picks on the run."""
     on_result: Callable[[EvalResult], None] | None
     """Called with each method's result as soon as it is known (progress)."""
 
@@ -188,16 +208,12 @@ async def aevaluate(task: EvalTask, **options: Unpack[RunOptions]) -> list[EvalR
     Methods run one after another, so their wall times do not disturb each other;
     the inputs of a method run concurrently, at most `max_concurrency` at once.
     """
-    methods = standard_methods(task.name)
+    context = method_context(task, **options)
+    methods = standard_methods(
+        task.name, len(task.rulebook.rules) if task.rulebook else None
+    )
     if options.get("methods"):
         methods = select_methods(methods, options["methods"] or ())
-    context = MethodContext(
-        task=task.limited(options.get("limit")),
-        embeddings=shared_embeddings(options.get("embeddings")),
-        judge_model=options.get("judge_model"),
-        cheap_judge_model=options.get("cheap_judge_model"),
-        max_concurrency=options.get("max_concurrency", 8),
-    )
     executor_model = options.get("executor_model")
     executor = (
         None
@@ -214,9 +230,29 @@ async def aevaluate(task: EvalTask, **options: Unpack[RunOptions]) -> list[EvalR
             else await _evaluate_method(context, method, executor)
         )
         results.append(result)
+        if method.name == "tag" and result.status == "ok":
+            context = replace(context, tag_mean_picks=result.mean_units)
         if on_result is not None:
             on_result(result)
     return results
+
+
+def method_context(task: EvalTask, **options: Unpack[RunOptions]) -> MethodContext:
+    """What the methods of a run are built from.
+
+    The task (limited, its grading model the judge model), the embeddings, the
+    models and the settings of `options`.
+    """
+    limited = copy.copy(task.limited(options.get("limit")))
+    limited.grading_model = options.get("judge_model")
+    return MethodContext(
+        task=limited,
+        embeddings=shared_embeddings(options.get("embeddings")),
+        judge_model=options.get("judge_model"),
+        cheap_judge_model=options.get("cheap_judge_model"),
+        max_concurrency=options.get("max_concurrency", 8),
+        rules_sim_k=options.get("rules_sim_k"),
+    )
 
 
 def _result(task: EvalTask, method: Method, **fields: Any) -> EvalResult:
@@ -243,7 +279,7 @@ async def _evaluate_method(
         reason = f"could not be built: {error}"
         return _result(task, method, status="skipped", skip_reason=reason)
     setup_seconds = time.perf_counter() - started
-    retrieval, execution = CallCounter(), CallCounter()
+    retrieval, execution, grading = CallCounter(), CallCounter(), CallCounter()
     slots = asyncio.Semaphore(context.max_concurrency)
 
     async def run(item: EvalItem) -> ItemOutcome:
@@ -254,7 +290,7 @@ async def _evaluate_method(
 
     async def grade(outcome: ItemOutcome) -> None:
         async with slots:
-            await _grade(task, method, outcome)
+            await _grade(task, method, outcome, grading)
 
     started = time.perf_counter()
     outcomes = await asyncio.gather(*(run(item) for item in task.items))
@@ -265,6 +301,23 @@ async def _evaluate_method(
         outcomes, units=method.units, executed=executor is not None
     )
     errors = [o.error for o in outcomes if o.error]
+    if errors:
+        notes.append(
+            f"{len(errors)} of {len(outcomes)} inputs failed (see failures) and are "
+            "left out of the quality means"
+        )
+    unreadable = [o.malformed for o in outcomes if o.malformed is not None]
+    if unreadable:
+        notes.append(
+            f"{len(unreadable)} executor answers malformed, scored as wrong (the "
+            f"first: {unreadable[0][:200]})"
+        )
+    curated = task.rulebook.diagnostics.get("curated") if task.rulebook else None
+    if "rulebook" in method.needs and curated:
+        notes.append(
+            f"rulebook: curated, written by hand from {curated['document']} "
+            "(not extracted)"
+        )
     reported = retrieval.reported or execution.reported
     return _result(
         task,
@@ -273,6 +326,7 @@ async def _evaluate_method(
         metrics=quality,
         llm_calls=retrieval.calls + execution.calls,
         executor_calls=execution.calls,
+        grader_calls=grading.calls,
         input_tokens=retrieval.input_tokens + execution.input_tokens
         if reported
         else None,
@@ -281,13 +335,19 @@ async def _evaluate_method(
         else None,
         wall_seconds=wall_seconds,
         setup_seconds=setup_seconds,
-        mean_units=mean(len(o.units) for o in outcomes),
+        # Over the inputs that did not fail, as the quality metrics.
+        mean_units=mean(len(o.units) for o in scored(outcomes)),
         mean_context_chars=mean(
-            sum(len(d.page_content) for d in o.units) for o in outcomes
+            sum(len(d.page_content) for d in o.units) for o in scored(outcomes)
         ),
+        malformed=len(unreadable),
         failures=len(errors),
         first_error=errors[0] if errors else None,
-        notes=[*method.notes, *notes],
+        notes=[
+            *method.notes,
+            *([method.explain(context)] if method.explain else []),
+            *notes,
+        ],
     )
 
 
@@ -314,13 +374,21 @@ async def _run_item(
                 {"callbacks": [execution]},
             )
     except Exception as error:  # noqa: BLE001 - a failed input is counted, not fatal
-        _failed(task, method, outcome, step, error)
+        if step == "execution" and isinstance(error, OutputParserException):
+            # The executor's own output, unreadable: a wrong answer, not a failure.
+            outcome.malformed = f"{type(error).__name__}: {error}"
+        else:
+            _failed(task, method, outcome, step, error)
     return outcome
 
 
-async def _grade(task: EvalTask, method: Method, outcome: ItemOutcome) -> None:
+async def _grade(
+    task: EvalTask, method: Method, outcome: ItemOutcome, grading: CallCounter
+) -> None:
     try:
-        outcome.grade = await task.grade(outcome.item, outcome.answer)
+        outcome.grade = await task.grade(
+            outcome.item, outcome.answer, {"callbacks": [grading]}
+        )
     except Exception as error:  # noqa: BLE001 - a failed input is counted, not fatal
         _failed(task, method, outcome, "grading", error)
 
@@ -359,10 +427,10 @@ def run_humaneval(
 
     Args:
         data_dir: The shared data directory (default `../shared/data`).
-        rulebook: A PEP 8 rulebook (object or file) for the rule methods; without
-            one they are skipped.
+        rulebook: A PEP 8 rulebook (object or file) for the rule methods; default
+            the curated one shipped.
         timeout: Seconds each problem's `check` may run.
         **options: See `RunOptions`.
     """
-    task = load_task("humaneval", data_dir, pep8_rulebook=rulebook, timeout=timeout)
+    task = load_task("humaneval", data_dir, rulebook=rulebook, timeout=timeout)
     return asyncio.run(aevaluate(task, **options))

@@ -5,6 +5,15 @@
 - ObliQA (`obliqa`): Recall@10 and MAP@10 of the gold passages (retrieval only).
 - HumanEval + PEP 8 (`humaneval`): pass@1 of the executor's code, and its pylint
   score.
+- NPOV rewriting on the Wiki Neutrality Corpus sample (`npov`): exact match with
+  the neutral sentence, BLEU, edit recall/precision (LLM-free), and with a judge
+  model the VFR judge's verdict and four 1-5 scores.
+- A user's own labelled set (`custom`): rule selection against the labels, and
+  the executor's answer against an optional reference.
+
+Every quality mean is over the inputs whose retrieval and execution succeeded: a
+failed input (a judgment that failed after its retries, say) is flagged and
+counted in `EvalResult.failures`, never scored as a wrong answer.
 
 `METRICS` names each task's quality metrics (`EvalResult.metrics`, report columns).
 """
@@ -14,44 +23,66 @@ from __future__ import annotations
 import copy
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple
 
 from langchain_core.documents import Document
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage
+from langchain_core.runnables import RunnableConfig
 from typing_extensions import Self
 
-from langchain_tag.evaluation import datasets, metrics
-from langchain_tag.evaluation.humaneval import apylint_score, arun_check
+from langchain_tag.evaluation import datasets, metrics, npov
+from langchain_tag.evaluation.humaneval import (
+    UNPARSEABLE_SCORE,
+    apylint_score,
+    arun_check,
+)
 from langchain_tag.execution import (
     CODE_TEMPLATE,
+    GENERIC_TEMPLATE,
     NBA_TEMPLATE,
+    NPOV_TEMPLATE,
     ExecutionTemplate,
     NBAVerdict,
+    NPOVResult,
 )
-from langchain_tag.matching import CONDITION_PROFILE, RuleSchemaProfile
+from langchain_tag.matching import CONDITION_PROFILE, NBA_PROFILE, RuleSchemaProfile
+from langchain_tag.resources import curated_rulebook, document_name, resource_text
 from langchain_tag.rules import Rule, Rulebook
 
 __all__ = [
     "METRICS",
+    "NBA_LEVELS",
     "TASKS",
+    "CustomTask",
     "EvalItem",
     "EvalTask",
     "HumanEvalTask",
     "ItemOutcome",
     "Metric",
     "NBATask",
+    "NPOVTask",
     "ObliQATask",
     "TaskName",
     "UnitKind",
+    "catalogue_id",
+    "custom_task",
     "humaneval_task",
     "load_task",
     "nba_task",
+    "npov_task",
     "obliqa_task",
+    "scored",
 ]
 
-TaskName = Literal["nba", "obliqa", "humaneval"]
-TASKS: tuple[TaskName, ...] = ("nba", "obliqa", "humaneval")
+TaskName = Literal["nba", "obliqa", "humaneval", "npov", "custom"]
+TASKS: tuple[TaskName, ...] = ("nba", "obliqa", "humaneval", "npov")
+"""The tasks on the shared data (`tag eval all`); `custom` reads a user's files."""
+
+NBA_LEVELS = (0, 1, 2)
+"""RuleArena's difficulty levels, each with its strict-accuracy column."""
 
 UnitKind = Literal["rules", "chunks", "passages"]
 """What a method hands the executor: rules' actions, text chunks, or whole passages
@@ -68,17 +99,23 @@ class Metric(NamedTuple):
     heading: str
 
 
-METRICS: Mapping[TaskName, tuple[Metric, ...]] = {
+_SELECTION = (
     # Rule selection against the gold rules (macro: per input, then averaged;
-    # micro: over all (input, rule) pairs pooled), and the executor's verdict.
+    # micro: over all (input, rule) pairs pooled).
+    Metric("precision_macro", "P macro"),
+    Metric("recall_macro", "R macro"),
+    Metric("f1_macro", "F1 macro"),
+    Metric("precision_micro", "P micro"),
+    Metric("recall_micro", "R micro"),
+    Metric("f1_micro", "F1 micro"),
+)
+
+METRICS: Mapping[TaskName, tuple[Metric, ...]] = {
+    # Rule selection, and the executor's verdict overall and per level.
     "nba": (
-        Metric("precision_macro", "P macro"),
-        Metric("recall_macro", "R macro"),
-        Metric("f1_macro", "F1 macro"),
-        Metric("precision_micro", "P micro"),
-        Metric("recall_micro", "R micro"),
-        Metric("f1_micro", "F1 micro"),
+        *_SELECTION,
         Metric("strict_accuracy", "strict acc."),
+        *(Metric(f"strict_l{level}", f"strict L{level}") for level in NBA_LEVELS),
     ),
     # Gold passages in the first 10 units, and among all units returned.
     "obliqa": (
@@ -88,6 +125,26 @@ METRICS: Mapping[TaskName, tuple[Metric, ...]] = {
     ),
     # The executor's code: its problem's check passes; pylint's score out of 10.
     "humaneval": (Metric("pass_at_1", "pass@1"), Metric("pylint", "pylint")),
+    # The rewrite against WNC's neutral sentence (LLM-free), then the VFR judge.
+    "npov": (
+        Metric("exact_match", "exact match"),
+        Metric("bleu", "BLEU"),
+        Metric("edit_recall", "edit R"),
+        Metric("edit_precision", "edit P"),
+        Metric("pass_through", "passed through"),
+        Metric("vfr", "VFR"),
+        Metric("rem", "Rem"),
+        Metric("pres", "Pres"),
+        Metric("tone", "Tone"),
+        Metric("flu", "Flu"),
+        Metric("avg", "Avg"),
+    ),
+    # Rule selection against the user's labels; the answer against a reference.
+    "custom": (
+        *_SELECTION,
+        Metric("reference_exact", "ref. exact"),
+        Metric("reference_bleu", "ref. BLEU"),
+    ),
 }
 """Per task, its quality metrics in column order. A metric that was not measured
 (no executor, or rule selection by a chunk method) is absent from
@@ -119,6 +176,10 @@ class ItemOutcome:
     """The executor's parsed answer; None when there was no executor or it failed."""
     grade: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    """Why the input failed (retrieval, a provider error, grading): left out."""
+    malformed: str | None = None
+    """Why the executor's answer could not be parsed: a wrong answer, scored as one
+    (the method's output, unlike a provider's error)."""
 
 
 @dataclass(eq=False, repr=False)
@@ -140,6 +201,8 @@ class EvalTask(ABC):
     """What a TAG judge sees of each rule."""
     missing_rulebook: str = ""
     """Why there is no rulebook (shown for skipped methods)."""
+    grading_model: BaseChatModel | None = None
+    """An LLM grader's model (NPOV's VFR judge); None grades without one."""
 
     def __post_init__(self) -> None:
         """Keep the inputs and documents as lists of their own."""
@@ -160,6 +223,21 @@ class EvalTask(ABC):
         subset.items = self.items[:limit]
         return subset
 
+    def with_rulebook(self, rulebook: Rulebook) -> Self:
+        """This task over another rulebook, judged with the profile its rules need.
+
+        Rules carrying the constraint-schema fields (`applies_when`, `constraint`,
+        ...) are judged with `NBA_PROFILE`, others with the condition profile.
+        """
+        changed = copy.copy(self)
+        changed.rulebook = rulebook
+        changed.profile = (
+            NBA_PROFILE
+            if any(map(_has_constraints, rulebook.rules))
+            else (CONDITION_PROFILE)
+        )
+        return changed
+
     def gold_rules(self) -> dict[str, frozenset[str]] | None:
         """Input id -> the ids of its gold rules; None when there are none."""
         return {item.id: item.gold for item in self.items}
@@ -171,13 +249,24 @@ class EvalTask(ABC):
             return None
         return {item.text: gold[item.id] for item in self.items}
 
-    async def grade(self, item: EvalItem, answer: Any) -> dict[str, float]:
+    async def grade(
+        self, item: EvalItem, answer: Any, config: RunnableConfig | None = None
+    ) -> dict[str, float]:
         """Per-input quality of the executor's answer (1.0/0.0 or a score).
 
         Only called for tasks with a `template`; retrieval-only tasks keep this.
+        `config` carries the callbacks an LLM grader's calls report to.
         """
-        del item, answer
+        del item, answer, config
         return {}
+
+    def grading_prompts(self, item: EvalItem) -> list[list[BaseMessage]]:
+        """The messages of each LLM grading call for `item` (cost estimates).
+
+        Empty for tasks graded without a model, or without `grading_model`.
+        """
+        del item
+        return []
 
     @abstractmethod
     def quality(
@@ -200,14 +289,93 @@ def _rule_ids(units: Sequence[Document]) -> list[str]:
     ]
 
 
+def scored(outcomes: Sequence[ItemOutcome]) -> list[ItemOutcome]:
+    """The outcomes quality is measured on: those of inputs that did not fail.
+
+    A failed input (its retrieval, execution or grading raised, e.g. a judgment
+    failed after its retries) is flagged and counted by the runner; scoring it as
+    a wrong answer would blame the method for the provider's error. A malformed
+    answer is kept: it is the method's own output, and scores as wrong.
+    """
+    return [o for o in outcomes if o.error is None]
+
+
+def _selection(
+    outcomes: Sequence[ItemOutcome], gold: Mapping[str, frozenset[str]]
+) -> dict[str, float | None]:
+    """Rule-selection P/R/F1 of the units' rule ids against `gold` (by input id)."""
+    total = metrics.aggregate(
+        [
+            metrics.selection_scores(set(_rule_ids(o.units)), set(gold[o.item.id]))
+            for o in outcomes
+        ]
+    )
+    return {
+        "precision_macro": total.macro_precision,
+        "recall_macro": total.macro_recall,
+        "f1_macro": total.macro_f1,
+        "precision_micro": total.micro.precision,
+        "recall_micro": total.micro.recall,
+        "f1_micro": total.micro.f1,
+    }
+
+
 @dataclass(eq=False, repr=False)
 class NBATask(EvalTask):
-    """RuleArena-NBA: rule selection against `relevant_rules`, strict accuracy."""
+    """RuleArena-NBA: rule selection against `relevant_rules`, strict accuracy.
+
+    With the catalogue as the rulebook every rule is a gold label. An extracted
+    rulebook (`nba_task(..., rulebook=)`, the method's setup) is scored on rule
+    selection only through the rules that map onto the catalogue (`catalogue_ids`);
+    strict accuracy needs no mapping.
+    """
 
     name = "nba"
     template = NBA_TEMPLATE
 
-    async def grade(self, item: EvalItem, answer: Any) -> dict[str, float]:
+    catalogue_labels: frozenset[str] = field(default=frozenset(), kw_only=True)
+    """RuleArena's catalogue ids (the gold labels)."""
+    catalogue_of_rule: dict[str, str] = field(init=False)
+    """Rule id -> the catalogue id it maps onto (every rule of the catalogue)."""
+
+    def __post_init__(self) -> None:
+        """Map the rules onto the catalogue."""
+        super().__post_init__()
+        self._map_rules()
+
+    def with_rulebook(self, rulebook: Rulebook) -> Self:
+        """This task over another rulebook, its rules mapped onto the catalogue."""
+        changed = super().with_rulebook(rulebook)
+        changed._map_rules()  # noqa: SLF001 - the copy's own mapping
+        return changed
+
+    def _map_rules(self) -> None:
+        rules = self.rulebook.rules if self.rulebook else ()
+        self.catalogue_of_rule = {
+            rule.rule_id: label
+            for rule in rules
+            if (label := catalogue_id(rule, self.catalogue_labels)) is not None
+        }
+
+    def gold_rules(self) -> dict[str, frozenset[str]] | None:
+        """Input id -> the rules of the rulebook whose catalogue id is gold.
+
+        None when no rule of the rulebook maps onto the catalogue.
+        """
+        if not self.catalogue_of_rule:
+            return None
+        return {
+            item.id: frozenset(
+                rule_id
+                for rule_id, label in self.catalogue_of_rule.items()
+                if label in item.gold
+            )
+            for item in self.items
+        }
+
+    async def grade(
+        self, item: EvalItem, answer: Any, config: RunnableConfig | None = None
+    ) -> dict[str, float]:
         """Strict accuracy: answer, illegal operation and team all right."""
         problem: datasets.NBAProblem = item.problem
         verdict: NBAVerdict = answer
@@ -223,30 +391,37 @@ class NBATask(EvalTask):
     def quality(
         self, outcomes: Sequence[ItemOutcome], *, units: UnitKind, executed: bool
     ) -> tuple[dict[str, float | None], list[str]]:
-        """Rule-selection P/R/F1 (rule methods) and strict accuracy (executed)."""
+        """Rule-selection P/R/F1 (rule methods), strict accuracy per level."""
         found: dict[str, float | None] = {}
         notes = []
-        if units == "rules":
-            total = metrics.aggregate(
-                [
-                    metrics.selection_scores(set(_rule_ids(o.units)), set(o.item.gold))
-                    for o in outcomes
-                ]
-            )
-            found |= {
-                "precision_macro": total.macro_precision,
-                "recall_macro": total.macro_recall,
-                "f1_macro": total.macro_f1,
-                "precision_micro": total.micro.precision,
-                "recall_micro": total.micro.recall,
-                "f1_micro": total.micro.f1,
-            }
-        else:
+        outcomes = scored(outcomes)
+        gold = self.gold_rules()
+        rulebook_size = len(self.rulebook.rules) if self.rulebook else 0
+        if units != "rules":
             notes.append("rule selection: not defined for chunks")
+        elif gold is None:
+            notes.append(
+                "rule selection: no rule of the rulebook maps onto RuleArena's "
+                "catalogue (a rule maps by its rule_id, a tag, or "
+                "metadata['catalogue_id'] naming a catalogue id)"
+            )
+        else:
+            found |= _selection(outcomes, gold)
+            if len(self.catalogue_of_rule) < rulebook_size:
+                notes.append(
+                    f"rule selection: over the {len(self.catalogue_of_rule)} of "
+                    f"{rulebook_size} rules that map onto RuleArena's catalogue"
+                )
         if executed:
             found["strict_accuracy"] = metrics.mean(
                 o.grade.get("strict_accuracy", 0.0) for o in outcomes
             )
+            for level in NBA_LEVELS:
+                at_level = [o for o in outcomes if o.item.problem.level == level]
+                if at_level:
+                    found[f"strict_l{level}"] = metrics.mean(
+                        o.grade.get("strict_accuracy", 0.0) for o in at_level
+                    )
         else:
             notes.append("strict accuracy: needs an executor model")
         return found, notes
@@ -302,7 +477,9 @@ class ObliQATask(EvalTask):
         self, outcomes: Sequence[ItemOutcome], *, units: UnitKind, executed: bool
     ) -> tuple[dict[str, float | None], list[str]]:
         """Recall@10, MAP@10, and recall over everything returned."""
-        rankings = [(self.ranked_passages(o.units), o.item.gold) for o in outcomes]
+        rankings = [
+            (self.ranked_passages(o.units), o.item.gold) for o in scored(outcomes)
+        ]
         return {
             "recall_at_10": metrics.mean(
                 metrics.recall_at_k(ranked, gold, RANK_CUTOFF)
@@ -333,7 +510,9 @@ class HumanEvalTask(EvalTask):
         """HumanEval has no gold PEP 8 rule labels."""
         return None
 
-    async def grade(self, item: EvalItem, answer: Any) -> dict[str, float]:
+    async def grade(
+        self, item: EvalItem, answer: Any, config: RunnableConfig | None = None
+    ) -> dict[str, float]:
         """Pass/fail of the problem's `check`, and the code's pylint score.
 
         `answer` is the code the template's parser took from the executor's
@@ -349,26 +528,184 @@ class HumanEvalTask(EvalTask):
         """Mean pass@1 and pylint score when executed."""
         if not executed:
             return {}, ["pass@1 and pylint: need an executor model"]
+        outcomes = scored(outcomes)
         return {
             "pass_at_1": metrics.mean(o.grade.get("pass_at_1", 0.0) for o in outcomes),
+            # An unparseable answer scores 0, as pylint scores a syntax error.
             "pylint": metrics.mean(
-                o.grade["pylint"] for o in outcomes if "pylint" in o.grade
+                o.grade.get("pylint", UNPARSEABLE_SCORE) for o in outcomes
             ),
         }, []
+
+
+@dataclass(eq=False, repr=False)
+class NPOVTask(EvalTask):
+    """NPOV rewriting on WNC pairs: the rewrite against the neutral sentence.
+
+    Retrieval and the executor see the biased sentence. LLM-free metrics are
+    always computed: exact match with the neutral sentence (WNC's accuracy), BLEU,
+    edit recall/precision and the pass-through share. With `grading_model`, the VFR
+    judge grades each rewrite against the violation description derived from the
+    pair (`npov.violation_description`). Without an executor the input is scored
+    as its own rewrite: the identity baseline, the same for every method.
+    """
+
+    name = "npov"
+    template = NPOV_TEMPLATE
+
+    def gold_rules(self) -> dict[str, frozenset[str]] | None:
+        """WNC pairs carry no rule labels."""
+        return None
+
+    async def grade(
+        self, item: EvalItem, answer: Any, config: RunnableConfig | None = None
+    ) -> dict[str, float]:
+        """The LLM-free scores of the rewrite, then the VFR judge's (if a model)."""
+        pair: datasets.WNCPair = item.problem
+        result: NPOVResult = answer
+        found = _npov_scores(pair, result.rewrite)
+        if self.grading_model is not None:
+            judged = await npov.VFRJudge(llm=self.grading_model).ajudge(
+                pair.biased,
+                npov.violation_description(pair.biased, pair.neutral),
+                result.rewrite,
+                config=config,
+            )
+            found |= judged.scores()
+        return found
+
+    def grading_prompts(self, item: EvalItem) -> list[list[BaseMessage]]:
+        """The VFR judge's messages, the input standing in for the rewrite."""
+        if self.grading_model is None:
+            return []
+        pair: datasets.WNCPair = item.problem
+        return [
+            npov.vfr_messages(
+                pair.biased,
+                npov.violation_description(pair.biased, pair.neutral),
+                pair.biased,
+            )
+        ]
+
+    def quality(
+        self, outcomes: Sequence[ItemOutcome], *, units: UnitKind, executed: bool
+    ) -> tuple[dict[str, float | None], list[str]]:
+        """Means of the per-input scores, corpus BLEU, the VFR judge's means."""
+        notes = []
+        outcomes = scored(outcomes)
+        pairs: list[datasets.WNCPair] = [o.item.problem for o in outcomes]
+        if executed:
+            # A malformed answer changed nothing: scored as the input unchanged.
+            rewrites = [
+                o.item.problem.biased if o.answer is None else o.answer.rewrite
+                for o in outcomes
+            ]
+            grades = [
+                o.grade if o.answer is not None else _unfixed(o.item.problem)
+                for o in outcomes
+            ]
+        else:
+            notes.append(
+                "no executor: each input is scored as its own rewrite (the identity "
+                "baseline, the same for every method)"
+            )
+            rewrites = [pair.biased for pair in pairs]
+            grades = [_npov_scores(pair, pair.biased) for pair in pairs]
+        found: dict[str, float | None] = {
+            "bleu": npov.corpus_bleu(rewrites, [pair.neutral for pair in pairs])
+            if pairs
+            else None
+        }
+        for key in ("exact_match", "edit_recall", "edit_precision", "pass_through"):
+            found[key] = metrics.mean(g[key] for g in grades if key in g)
+        if executed and self.grading_model is not None:
+            for key in npov.VFR_KEYS:
+                found[key] = metrics.mean(g[key] for g in grades if key in g)
+        elif executed:
+            notes.append("VFR and the 1-5 scores: need a judge model")
+        return found, notes
+
+
+def _unfixed(pair: datasets.WNCPair) -> dict[str, float]:
+    """A malformed answer's scores: the input unchanged, and VFR false."""
+    return _npov_scores(pair, pair.biased) | {"vfr": 0.0}
+
+
+def _npov_scores(pair: datasets.WNCPair, rewrite: str) -> dict[str, float]:
+    """The LLM-free per-input scores (an undefined edit share is left out)."""
+    edits = npov.edit_scores(pair.biased, pair.neutral, rewrite)
+    found = {
+        "exact_match": float(npov.exact_match(rewrite, pair.neutral)),
+        "pass_through": float(npov.passes_through(pair.biased, rewrite)),
+    }
+    if edits.recall is not None:
+        found["edit_recall"] = edits.recall
+    if edits.precision is not None:
+        found["edit_precision"] = edits.precision
+    return found
+
+
+@dataclass(eq=False, repr=False)
+class CustomTask(EvalTask):
+    """A user's labelled set: rule selection against the labels.
+
+    With an executor, inputs that carry a `reference` are also scored: exact match
+    (whitespace-normalised) and corpus BLEU of the answer against it.
+    """
+
+    name = "custom"
+    template = GENERIC_TEMPLATE
+
+    async def grade(
+        self, item: EvalItem, answer: Any, config: RunnableConfig | None = None
+    ) -> dict[str, float]:
+        """Exact match with the reference, when the input has one."""
+        labelled: datasets.LabelledInput = item.problem
+        if labelled.reference is None:
+            return {}
+        return {"reference_exact": float(_same_text(str(answer), labelled.reference))}
+
+    def quality(
+        self, outcomes: Sequence[ItemOutcome], *, units: UnitKind, executed: bool
+    ) -> tuple[dict[str, float | None], list[str]]:
+        """Rule-selection P/R/F1; the answers against the references (executed)."""
+        outcomes = scored(outcomes)
+        found = _selection(outcomes, {o.item.id: o.item.gold for o in outcomes})
+        notes = []
+        referenced = [o for o in outcomes if o.item.problem.reference is not None]
+        if not referenced:
+            notes.append("answers: no input has a reference")
+        elif executed:
+            found["reference_exact"] = metrics.mean(
+                o.grade.get("reference_exact", 0.0) for o in referenced
+            )
+            found["reference_bleu"] = npov.corpus_bleu(
+                ["" if o.answer is None else str(o.answer) for o in referenced],
+                [str(o.item.problem.reference) for o in referenced],
+            )
+        else:
+            notes.append("answers against the references: need an executor model")
+        return found, notes
+
+
+def _same_text(answer: str, reference: str) -> bool:
+    return " ".join(answer.split()) == " ".join(reference.split())
 
 
 # --- The tasks on the shared data -----------------------------------------------------
 
 
-def nba_task(dataset: datasets.NBADataset) -> NBATask:
-    """RuleArena-NBA over its 55 catalogued rules and the CBA text.
+def nba_task(dataset: datasets.NBADataset, rulebook: Rulebook | None = None) -> NBATask:
+    """RuleArena-NBA over a rulebook (default its 55 catalogued rules) and the CBA.
 
     Retrieval sees a problem's situations and operations; the executor also gets
     the constants every problem assumes (cap, tax, aprons), as RuleArena's prompt
-    gives them.
+    gives them. An extracted `rulebook` (the method's setup) is judged with
+    `NBA_PROFILE` when its rules carry the constraint-schema fields
+    (`applies_when`, `constraint`, ...), else with the condition profile.
     """
     assumptions = "Assumptions:\n" + dataset.assumptions_text()
-    return NBATask(
+    task = NBATask(
         [
             EvalItem(
                 p.id,
@@ -381,7 +718,81 @@ def nba_task(dataset: datasets.NBADataset) -> NBATask:
         ],
         rulebook=dataset.catalogue,
         documents=[Document(dataset.cba_text, metadata={"source": "reference_rules"})],
+        catalogue_labels=frozenset(rule.rule_id for rule in dataset.catalogue.rules),
     )
+    return task if rulebook is None else task.with_rulebook(rulebook)
+
+
+def catalogue_id(rule: Rule, labels: Container[str]) -> str | None:
+    """The RuleArena catalogue id a rule maps onto, or None.
+
+    A rule maps by `metadata["catalogue_id"]`, else its `rule_id`, else its first
+    tag that is a catalogue id.
+    """
+    named = rule.metadata.get("catalogue_id")
+    candidates = [named] if named else [rule.rule_id, *rule.tags]
+    return next((c for c in candidates if c in labels), None)
+
+
+def _has_constraints(rule: Rule) -> bool:
+    return any(
+        (
+            rule.applies_when,
+            rule.constraint,
+            rule.violation_check,
+            rule.does_not_apply_to,
+        )
+    )
+
+
+def npov_task(
+    pairs: Sequence[datasets.WNCPair], rulebook: Rulebook | None = None
+) -> NPOVTask:
+    """NPOV rewriting on WNC pairs over the shipped NPOV policy.
+
+    `rulebook` defaults to the curated one written from that policy (labelled
+    curated); pass an extracted rulebook (`tag extract`) for the method's setup.
+    """
+    return NPOVTask(
+        [EvalItem(pair.id, pair.biased, frozenset(), pair) for pair in pairs],
+        rulebook=curated_rulebook("npov") if rulebook is None else rulebook,
+        documents=[
+            Document(
+                resource_text(document_name("npov")),
+                metadata={"source": document_name("npov")},
+            )
+        ],
+    )
+
+
+def custom_task(
+    rulebook: Rulebook, inputs: Sequence[datasets.LabelledInput]
+) -> CustomTask:
+    """A user's labelled inputs over their rulebook.
+
+    Raises:
+        ValueError: An input names a rule id that is not in the rulebook.
+    """
+    known = {rule.rule_id for rule in rulebook.rules}
+    for labelled in inputs:
+        if unknown := sorted(set(labelled.applicable) - known):
+            msg = (
+                f"input {labelled.id!r} labels {', '.join(map(repr, unknown))} "
+                "applicable, which the rulebook does not have: correct the label or "
+                "pass the rulebook the labels were written for."
+            )
+            raise ValueError(msg)
+    task = CustomTask(
+        [
+            EvalItem(
+                labelled.id, labelled.input, frozenset(labelled.applicable), labelled
+            )
+            for labelled in inputs
+        ],
+        rulebook=rulebook,
+        documents=[],
+    )
+    return task.with_rulebook(rulebook)
 
 
 def obliqa_task(dataset: datasets.ObliQADataset) -> ObliQATask:
@@ -404,15 +815,11 @@ def humaneval_task(
     *,
     timeout: float = 10.0,
 ) -> HumanEvalTask:
-    """HumanEval + PEP 8; rule methods need a PEP 8 rulebook (`tag extract`)."""
+    """HumanEval + PEP 8 over a PEP 8 rulebook (default the curated one shipped)."""
     return HumanEvalTask(
         [EvalItem(p.task_id, p.prompt, frozenset(), p) for p in problems],
-        rulebook=rulebook,
+        rulebook=curated_rulebook("pep8") if rulebook is None else rulebook,
         documents=[Document(pep8_text, metadata={"source": "pep-0008.rst"})],
-        missing_rulebook=(
-            "no PEP 8 rulebook: extract one with `tag extract pep-0008.rst --domain "
-            "'PEP 8' -o pep8.rulebook.json` and pass --pep8-rulebook"
-        ),
         timeout=timeout,
     )
 
@@ -421,30 +828,43 @@ def load_task(
     name: TaskName,
     data_dir: str | os.PathLike[str] | None = None,
     *,
-    pep8_rulebook: Rulebook | str | os.PathLike[str] | None = None,
+    rulebook: Rulebook | str | os.PathLike[str] | None = None,
+    inputs: str | os.PathLike[str] | None = None,
     timeout: float = 10.0,
 ) -> EvalTask:
     """A task on its development data from the shared data directory.
 
     Args:
-        name: `nba`, `obliqa` or `humaneval`.
+        name: `nba`, `obliqa`, `humaneval`, `npov` or `custom`.
         data_dir: The shared data directory (default: `shared_data_dir()`).
-        pep8_rulebook: HumanEval: a PEP 8 rulebook (object or file) for the rule
-            methods; without one they are skipped.
+        rulebook: The rulebook (object or file) rule methods select from: NBA an
+            extracted one instead of the catalogue; HumanEval and NPOV instead of
+            the curated one shipped; `custom` the user's (required).
+        inputs: `custom`: the labelled inputs (JSON lines, see
+            `datasets.load_labelled`).
         timeout: HumanEval: seconds each problem's `check` may run.
 
     Raises:
         DataNotFoundError: The data directory or a file of the task is missing.
+        RulebookError: The rulebook file cannot be read.
+        ValueError: `custom` without `rulebook` and `inputs`.
     """
+    if rulebook is not None and not isinstance(rulebook, Rulebook):
+        rulebook = Rulebook.load(rulebook)
+    if name == "custom":
+        if rulebook is None or inputs is None:
+            msg = "The custom task needs a rulebook and a file of labelled inputs."
+            raise ValueError(msg)
+        return custom_task(rulebook, datasets.load_labelled(inputs))
     if name == "nba":
-        return nba_task(datasets.load_nba(data_dir))
+        return nba_task(datasets.load_nba(data_dir), rulebook)
     if name == "obliqa":
         return obliqa_task(datasets.load_obliqa(data_dir))
-    if pep8_rulebook is not None and not isinstance(pep8_rulebook, Rulebook):
-        pep8_rulebook = Rulebook.load(pep8_rulebook)
+    if name == "npov":
+        return npov_task(datasets.load_wnc(data_dir), rulebook)
     return humaneval_task(
         datasets.load_humaneval(data_dir),
         datasets.pep8_path(data_dir).read_text(encoding="utf-8"),
-        pep8_rulebook,
+        rulebook,
         timeout=timeout,
     )

@@ -27,7 +27,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations, pairwise
-from typing import Annotated, Any, NamedTuple, TypeVar
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar, get_args
 
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
@@ -92,6 +92,16 @@ INVOCATION_KEY = "tag_extraction_call"
 """`configurable` key naming one `extract_rules` call. LLM nodes record it with each
 call, so the report of a resumed run counts the calls made before it as reused."""
 
+MergePolicy = Literal["duplicates", "preferred"]
+"""Which phase-4 pairs are merged into one rule (`ExtractionSettings.merge`).
+
+- "duplicates" (the method): only pairs judged `duplicate` (same condition and
+  action); duplicates of duplicates join one group, since sameness is transitive.
+- "preferred": also any pair the model gave `preferred_action: "merge"`, whatever
+  its relationship (subsumption, overlap, ...), joined transitively too, so a chain
+  of overlapping rules can collapse into one. The behaviour before this setting.
+"""
+
 
 @dataclass(frozen=True)
 class ExtractionSettings:
@@ -113,17 +123,35 @@ class ExtractionSettings:
     faithfulness_mode: FaithfulnessMode = "corrected"
     faithfulness_threshold: float = 0.85
     min_coverage_overlap: float = 0.5
+    merge: MergePolicy = "duplicates"
+    """Which phase-4 pairs become one rule. "duplicates" (default, the method):
+    only pairs judged `duplicate`. "preferred": also pairs of any relationship
+    whose `preferred_action` is "merge" (the behaviour before this setting). Pairs
+    not merged keep their relation on both rules. See `MergePolicy`."""
     answers: SkipJsonSchema[VerdictCache | None] = None
     """Model answers kept by prompt. A SQLite store makes each answer durable the
     moment it arrives: a killed run resumes without asking again, and a re-run after
     an edit only sends the changed sections' prompts."""
 
     def __post_init__(self) -> None:
-        """Accept any collection of phase numbers (JSON sends a list)."""
+        """Accept any collection of phase numbers (JSON sends a list).
+
+        Raises:
+            ValueError: `merge` is not a `MergePolicy`.
+        """
         object.__setattr__(self, "skip_phases", frozenset(self.skip_phases))
+        if self.merge not in get_args(MergePolicy):
+            choices = ", ".join(map(repr, get_args(MergePolicy)))
+            msg = f"merge must be one of {choices}, got {self.merge!r}."
+            raise ValueError(msg)
 
     def key(self) -> str:
-        """What, besides the prompt, decides an LLM node's output (for its cache)."""
+        """What, besides the prompt, decides an LLM node's output (for its cache).
+
+        Settings applied after the answers (`merge`, the phase-5 thresholds) are not
+        in it, so a run with other values reuses every stored answer; `run_id_for`
+        includes them, so such a run is never mistaken for a finished one.
+        """
         return json.dumps([sorted(self.skip_phases), prompts.EXTRACTION_PROMPT_VERSION])
 
 
@@ -607,14 +635,31 @@ def _joined(group: Sequence[DraftRule], field: str) -> list[str]:
     return list(dict.fromkeys(x for d in group for x in getattr(d, field)))
 
 
+def _merges(rel: RelationRecord, policy: MergePolicy) -> bool:
+    """Whether the pair `rel` describes is merged under `policy`."""
+    if rel.relationship == "duplicate":
+        return True
+    return policy == "preferred" and rel.preferred_action == "merge"
+
+
 def _merge_duplicates(
-    drafts: list[DraftRule], relations: list[RelationRecord]
+    drafts: list[DraftRule],
+    relations: list[RelationRecord],
+    policy: MergePolicy = "duplicates",
 ) -> tuple[list[dict[str, Any]], int]:
-    """Merge duplicate groups; keep other relations between the survivors."""
+    """Merge the groups `policy` joins; keep other relations between the survivors.
+
+    Merged pairs are joined transitively (a union of groups); the group's first
+    draft in document order represents it. Every relation between two rules that
+    stay apart is recorded on both of them.
+
+    Returns:
+        The rules (as dicts with `merged` and `links`), and the number of merges.
+    """
     forest = _UnionFind([d.draft_id for d in drafts])
     merges = 0
     for rel in relations:
-        if rel.relationship == "duplicate" or rel.preferred_action == "merge":
+        if _merges(rel, policy):
             if forest.find(rel.rule_i) != forest.find(rel.rule_j):
                 merges += 1
             forest.union(rel.rule_i, rel.rule_j)
@@ -740,7 +785,7 @@ def verify(state: ExtractionState) -> dict[str, Any]:
     """Apply phase 4 (merge duplicates, record relations), then phase-5 checks."""
     settings = _settings()
     relations, tally = _read(state, _RELATIONS, phases.read_relations)
-    merged, merges = _merge_duplicates(_drafts(state), relations)
+    merged, merges = _merge_duplicates(_drafts(state), relations, settings.merge)
     tallies = {"relations": {**tally, "duplicates_merged": merges}}
     if VERIFICATION in settings.skip_phases:
         return {"verified": merged, "uncovered": [], "tallies": tallies}

@@ -93,6 +93,7 @@ def run_id_for(
             settings.faithfulness_mode,
             settings.faithfulness_threshold,
             settings.min_coverage_overlap,
+            settings.merge,
         ],
         default=str,
     )
@@ -291,7 +292,10 @@ def extract_rules(
         callbacks: LangChain callbacks for the run (tracing).
         on_progress: Called as nodes finish, e.g. for a progress bar.
         **settings: Other `ExtractionSettings` fields (`max_section_tokens`,
-            `faithfulness_mode`, ...).
+            `faithfulness_mode`, `merge`, ...). `merge="duplicates"` (default, the
+            method) merges only pairs phase 4 judged duplicates;
+            `merge="preferred"` also merges pairs the model marked
+            `preferred_action: "merge"` (subsumptions, overlaps).
 
     Returns:
         The rulebook; its `diagnostics` hold the `ExtractionReport`. Its calls are

@@ -29,7 +29,6 @@ from langchain_core.callbacks import (
     AsyncCallbackManagerForChainRun,
     CallbackManagerForChainRun,
 )
-from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import (
@@ -39,13 +38,11 @@ from langchain_core.runnables import (
     ensure_config,
 )
 from langchain_core.runnables.config import ContextThreadPoolExecutor
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
     Retrying,
-    retry_if_exception,
-    stop_after_attempt,
 )
 
 from langchain_tag._text import batches, check_text, describe_error, digest
@@ -66,9 +63,12 @@ from langchain_tag.matching.profiles import (
     YesNoOutput,
 )
 from langchain_tag.models import (
+    ONE_ATTEMPT,
+    STRUCTURED_PARSE_ERRORS,
     CallRetry,
     is_rate_limit,
     model_identity,
+    supports_structured_output,
     with_settings,
 )
 from langchain_tag.rules import Rule
@@ -220,14 +220,6 @@ def _unpack(request: JudgeInput) -> tuple[str, Rule]:
     return check_text(text, "The judged input"), rule
 
 
-def _supports_structured_output(llm: BaseChatModel) -> bool:
-    cls = type(llm)
-    return (
-        cls.with_structured_output is not BaseChatModel.with_structured_output
-        or cls.bind_tools is not BaseChatModel.bind_tools
-    )
-
-
 _MAX_THREADS = 64
 
 
@@ -278,8 +270,6 @@ def _succeeded() -> None:
 
 _RetryingT = TypeVar("_RetryingT", Retrying, AsyncRetrying)
 
-_ONE_ATTEMPT = CallRetry(max_attempts=1)
-
 
 def _wait(retry: CallRetry, state: RetryCallState) -> float:
     error = state.outcome.exception() if state.outcome is not None else None
@@ -296,8 +286,6 @@ def _wait(retry: CallRetry, state: RetryCallState) -> float:
 
 logger = logging.getLogger(__name__)
 
-_UNPARSED = (ValidationError, json.JSONDecodeError, OutputParserException)
-"""What a structured-output call raises when the model answered in plain text."""
 _IGNORES_STRUCTURED_OUTPUT: set[str] = set()
 """Identities of the models found to answer structured-output requests in prose."""
 _FALLBACK_LOCK = threading.Lock()
@@ -643,7 +631,7 @@ class ApplicabilityJudge(BaseJudge):
     ) -> Runnable[Any, Any] | None:
         wanted = self.structured_output == "always" or (
             self.structured_output == "auto"
-            and _supports_structured_output(model)
+            and supports_structured_output(model)
             and model_identity(model) not in _IGNORES_STRUCTURED_OUTPUT
         )
         if wanted:
@@ -666,7 +654,9 @@ class ApplicabilityJudge(BaseJudge):
         it. Under `structured_output="auto"` that model is judged from its text from
         then on (remembered per model, for every judge).
         """
-        if self.structured_output != "auto" or not isinstance(error, _UNPARSED):
+        if self.structured_output != "auto" or not isinstance(
+            error, STRUCTURED_PARSE_ERRORS
+        ):
             return False
         with _FALLBACK_LOCK:
             first = self._identity not in _IGNORES_STRUCTURED_OUTPUT
@@ -809,13 +799,11 @@ class ApplicabilityJudge(BaseJudge):
         a rate limit, all wait; under on_error="raise" a sibling's failure ends
         the fan-out); a wait the provider asks for (`Retry-After`) is honoured.
         """
-        retry = self.retry or _ONE_ATTEMPT
-        return retrying(
-            stop=stop_after_attempt(retry.max_attempts),
+        retry = self.retry or ONE_ATTEMPT
+        return retry.retrying(
+            retrying,
             wait=functools.partial(_wait, retry),
-            retry=retry_if_exception(retry.is_transient),
             before=_abefore_attempt if retrying is AsyncRetrying else _before_attempt,
-            reraise=True,
         )
 
     def _given_up(
@@ -825,7 +813,7 @@ class ApplicabilityJudge(BaseJudge):
         return self._failed(
             rule,
             f"{describe_error(error)} (after {attempts} attempt(s))",
-            transient=(self.retry or _ONE_ATTEMPT).is_transient(error),
+            transient=(self.retry or ONE_ATTEMPT).is_transient(error),
         )
 
     def _log_fields(self, rule: Rule, config: RunnableConfig) -> dict[str, Any]:

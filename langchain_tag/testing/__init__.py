@@ -8,6 +8,7 @@
 - `extraction`: `ExtractionFakeChatModel`, and `JudgeAndExtractorFakeChatModel` for
   every role at once.
 - `embeddings`: `HashingFakeEmbeddings`.
+- `npov`: `NPOVFakeChatModel`, judge, NPOV executor and VFR judge from known pairs.
 - `server`: `FakeOpenAIServer`, an OpenAI-compatible HTTP endpoint on loopback.
 - `notebook`: `notebook_model()`, the notebooks' real-or-fake model.
 """
@@ -25,6 +26,7 @@ from langchain_tag.testing.judges import (
     trigger_rulebook,
 )
 from langchain_tag.testing.notebook import OFFLINE_NOTE, NotebookModel, notebook_model
+from langchain_tag.testing.npov import NPOVFakeChatModel
 from langchain_tag.testing.scripted import (
     FakeClock,
     Fault,
@@ -44,6 +46,7 @@ __all__ = [
     "HashingFakeEmbeddings",
     "InjectionObeyingFakeChatModel",
     "JudgeAndExtractorFakeChatModel",
+    "NPOVFakeChatModel",
     "NoisyJudgeFakeChatModel",
     "NotebookModel",
     "Refusal",

@@ -2,8 +2,9 @@
 
 Slow (a few minutes on 2 cores): it starts the local llama.cpp server, extracts, stores
 in Chroma with the offline MiniLM, judges and executes over HTTP. SmolLM2 judges
-poorly and may extract nothing, so the test checks that the run is complete and
-honest about what it got, not what it got.
+poorly and usually extracts nothing (the demo then matches with the curated PEP 8
+rulebook and says so), so the test checks that the run is complete and honest about
+what it got, not what it got.
 """
 
 from __future__ import annotations
@@ -67,9 +68,15 @@ def test_tag_demo_runs_offline_end_to_end(tmp_path: Path) -> None:
     assert found is not None
     rules = int(found.group(1))
     assert (workdir / "pep8.rulebook.json").is_file()
-    assert f"2. Stored {rules} rule(s) in embedded Chroma" in out
     if rules == 0:
-        assert "No rules, so nothing can match below" in out
+        # SmolLM2 usually extracts nothing: matching and execution then run on the
+        # curated rulebook of the section, and the demo says so.
+        curated = re.search(r"not extracted\): (\d+) rule\(s\)", out)
+        assert curated is not None, out
+        rules = int(curated.group(1))
+        assert rules > 0
+        assert (workdir / "curated-pep8.rulebook.json").is_file()
+    assert f"2. Stored {rules} rule(s) in embedded Chroma" in out
     for number, snippet in enumerate(DEMO_SNIPPETS, 1):
         assert f"[{number}/{len(DEMO_SNIPPETS)}] {snippet.title}" in out
     judged = [int(n) for n in re.findall(r"judged (\d+) rule\(s\)", out)]

@@ -14,6 +14,7 @@ from langchain_openai import ChatOpenAI
 from langchain_tag import ApplicabilityJudge, Rulebook, cli, demo, local_model
 from langchain_tag.cli import demo as cli_demo
 from langchain_tag.matching.store import RuleStore
+from langchain_tag.resources import curated_rulebook
 from langchain_tag.testing import (
     HashingFakeEmbeddings,
     JudgeAndExtractorFakeChatModel,
@@ -80,23 +81,99 @@ def test_demo_extracts_stores_matches_and_executes(tmp_path: Path) -> None:
     assert "6 LLM call(s) (5 judgment(s) + 1 execution)" in printed
 
 
-def test_demo_with_no_rules_says_so_and_still_executes(tmp_path: Path) -> None:
+def test_demo_without_extracted_rules_uses_the_curated_rulebook(
+    tmp_path: Path,
+) -> None:
+    curated = demo.curated_pep8_rules(demo.pep8_sections())
     out = io.StringIO()
     report = demo.run_demo(
-        # An extractor whose answers hold nothing; an executor answering in prose.
-        fake_models(
-            extractor=FakeListChatModel(responses=["{}"]),
-            executor=RuleAwareFakeChatModel(),
-        ),
+        # An extractor whose answers hold nothing.
+        fake_models(extractor=FakeListChatModel(responses=["{}"])),
         workdir=tmp_path,
+        embedding=HashingFakeEmbeddings(),
+        prefilter_k=len(curated),
+        out=out,
+    )
+    printed = out.getvalue()
+
+    # Extraction ran, found nothing, and the demo says what it does instead.
+    assert report.extraction is not None
+    assert report.extraction.llm_calls > 0
+    assert len(Rulebook.load(tmp_path / "pep8.rulebook.json")) == 0
+    assert "rules found: 0" in printed
+    assert "missing_spans_list=" in printed  # what validation dropped, and why
+    assert (
+        "Extraction produced no rules with this model, so matching and execution "
+        "run on the curated PEP 8 rulebook shipped with the package (written by "
+        f"hand, not extracted): {len(curated)} rule(s)"
+    ) in printed
+    assert "No rules, so nothing can match below" not in printed
+
+    # The curated rules quoted from the extracted sections, labelled as curated.
+    assert report.curated
+    assert report.rules == len(curated) >= demo.CURATED_MIN_RULES
+    assert len(curated) < len(curated_rulebook("pep8"))
+    rulebook = Rulebook.load(report.rulebook_path)
+    assert rulebook.rules == curated.rules
+    assert rulebook.diagnostics["curated"]["document"] == "pep-0008.rst"
+    sections = demo.pep8_sections()
+    for rule in rulebook.rules:
+        assert rule.source is not None
+        assert any(s.start <= rule.source.start < s.end for s in sections)
+    assert f"- {rulebook.rules[0].rule_id}: {rulebook.rules[0].name}" in printed
+    store = RuleStore(
+        HashingFakeEmbeddings(),
+        collection_name="pep8_demo",
+        persist_directory=tmp_path / "chroma",
+    )
+    assert store.get_rule_ids() == sorted(r.rule_id for r in rulebook.rules)
+
+    # Matching and execution ran on them.
+    for snippet in report.snippets:
+        assert snippet.judged == len(curated)
+        assert snippet.llm_calls == len(curated) + 1
+        assert snippet.answer == CODE
+    matched = {s.title: [m.rule_id for m in s.matches] for s in report.snippets}
+    # The fake judge matches the backtick-quoted fragments of each condition.
+    assert matched == {
+        "wildcard import": ["pep8-wildcard-import"],
+        "comparison to None with ==": ["pep8-none-comparison-identity"],
+        "bare except": ["pep8-no-bare-except"],
+        "prefix check by slicing": [],
+    }
+    assert "0.800  pep8-wildcard-import  No wildcard imports" in printed
+
+
+def test_curated_fallback_keeps_the_rules_of_the_sections() -> None:
+    everything = curated_rulebook("pep8")
+    imports = demo.curated_pep8_rules(demo.pep8_sections(["Imports"]))
+    assert demo.CURATED_MIN_RULES <= len(imports) < len(everything)
+    assert all("imports" in rule.tags for rule in imports.rules)
+    assert imports.diagnostics["demo_sections"] == ["Imports"]
+    # Too few rules quoted from the sections (or no section): all of them.
+    few = demo.curated_pep8_rules(demo.pep8_sections(["String Quotes"]))
+    assert few == everything
+    assert demo.curated_pep8_rules([]) == everything
+
+
+def test_demo_with_an_empty_rulebook_says_so_and_still_executes(
+    tmp_path: Path,
+) -> None:
+    out = io.StringIO()
+    report = demo.run_demo(
+        # An executor answering in prose.
+        fake_models(executor=RuleAwareFakeChatModel()),
+        workdir=tmp_path,
+        rulebook=Rulebook(),
         embedding=HashingFakeEmbeddings(),
         out=out,
     )
     printed = out.getvalue()
     assert report.rules == 0
+    assert not report.curated
     assert "rules found: 0" in printed
     assert "No rules, so nothing can match below" in printed
-    assert "missing_spans_list=" in printed  # what validation dropped, and why
+    assert "curated" not in printed
     for snippet in report.snippets:
         assert snippet.matches == []
         assert snippet.judged == 0

@@ -36,6 +36,7 @@ from langchain_tag.evaluation.embedding_cache import cache_embeddings
 from langchain_tag.evaluation.methods import select_methods, standard_methods
 from langchain_tag.evaluation.runner import EvalResult, aevaluate, run_nba, run_obliqa
 from langchain_tag.evaluation.tasks import humaneval_task, nba_task, obliqa_task
+from langchain_tag.matching import CONDITION_PROFILE, NBA_PROFILE
 from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.retrievers import rule_document
 from langchain_tag.testing import HashingFakeEmbeddings, RuleAwareFakeChatModel
@@ -275,9 +276,159 @@ async def test_a_failing_input_is_counted_not_fatal(nba: NBADataset) -> None:
     assert tag.first_error is not None
     assert tag.first_error.startswith("retrieval: JudgmentError")
     assert "boom" in tag.first_error
-    assert tag.metrics["recall_micro"] == pytest.approx(
-        4 / 6
-    )  # the failed problem found none
+    # The failed problem is flagged and left out, not scored as finding nothing.
+    assert tag.metrics["recall_micro"] == 1.0
+    assert "1 of 3 inputs failed (see failures) and are left out of the quality " \
+        "means" in tag.notes
+    assert tag.mean_units == 2.0
+
+
+async def test_a_failed_input_is_not_scored_as_a_wrong_answer(nba: NBADataset) -> None:
+    verdict = {
+        "answer": True,
+        "illegal_operation": "A",
+        "problematic_team": "A",
+        "rationale": "Team A breaks the cap.",
+    }
+    # The first judgment of bird_rights (problem 1's) fails for good.
+    judge = RuleAwareFakeChatModel(faults={"bird_rights": [ValueError("boom")]})
+    [tag] = await aevaluate(
+        nba_task(nba),
+        methods=["tag"],
+        judge_model=judge,
+        executor_model=verdict_model(verdict),
+        max_concurrency=1,
+    )
+    # Problem 1 failed: strict accuracy is over problems 2 (right) and 3 (wrong),
+    # not 1 of 3 as if the provider's error were the method's wrong answer.
+    assert tag.failures == 1
+    assert tag.metrics["strict_accuracy"] == 0.5
+    assert tag.executor_calls == 2
+
+
+def _levelled(nba: NBADataset) -> NBADataset:
+    problems = [
+        p.model_copy(update={"level": level})
+        for p, level in zip(nba.problems, (0, 1, 1), strict=True)
+    ]
+    return nba.model_copy(update={"problems": problems})
+
+
+async def test_strict_accuracy_per_level(nba: NBADataset) -> None:
+    verdict = {
+        "answer": True,
+        "illegal_operation": "A",
+        "problematic_team": "B",
+        "rationale": "Team B breaks the cap.",
+    }
+    [m0] = await aevaluate(
+        nba_task(_levelled(nba)),
+        methods=["m0-*"],
+        executor_model=verdict_model(verdict),
+    )
+    # Right on problem 1 (level 0) only; no level-2 problem: no column.
+    assert m0.metrics["strict_accuracy"] == pytest.approx(1 / 3)
+    assert (m0.metrics["strict_l0"], m0.metrics["strict_l1"]) == (1.0, 0.0)
+    assert "strict_l2" not in m0.metrics
+    assert "strict L0" in report.markdown_table([m0])
+
+
+def extracted_nba_rulebook(*, constraints: bool) -> Rulebook:
+    """Rules as extraction would name them: two map onto the catalogue, one not."""
+    fields = (
+        {"applies_when": "The scenario involves `sign-and-trade`", "constraint": "x"}
+        if constraints
+        else {}
+    )
+    return Rulebook.from_rules(
+        [
+            Rule(
+                rule_id="R-001",
+                name="sign and trade limits",
+                condition="The scenario involves `sign-and-trade`",
+                action="Check the sign-and-trade rules.",
+                metadata={"catalogue_id": "sign_and_trade"},
+                **fields,
+            ),
+            Rule(
+                rule_id="R-002",
+                name="rookie scale contracts",
+                condition="The scenario involves `rookie`",
+                action="Check the rookie scale.",
+                tags=("rookie_scale", "salary"),
+            ),
+            Rule(
+                rule_id="R-003",
+                name="luxury tax payments",
+                condition="The scenario involves `luxury tax`",
+                action="Compute the tax.",
+            ),
+        ]
+    )
+
+
+async def test_an_extracted_nba_rulebook_is_scored_through_the_catalogue(
+    nba: NBADataset,
+) -> None:
+    task = nba_task(nba, extracted_nba_rulebook(constraints=False))
+    assert task.catalogue_of_rule == {"R-001": "sign_and_trade", "R-002": "rookie_scale"}
+    assert task.profile.name == CONDITION_PROFILE.name
+    results = by_method(
+        await aevaluate(task, methods=["oracle", "m1-*"], judge_model=None)
+    )
+    oracle = results["oracle"]
+    # Problem 1's gold maps onto R-001 and R-002; the others' onto no rule.
+    assert oracle.metrics["recall_micro"] == 1.0
+    assert oracle.mean_units == pytest.approx(2 / 3)
+    assert (
+        "rule selection: over the 2 of 3 rules that map onto RuleArena's catalogue"
+        in oracle.notes
+    )
+    assert nba_task(nba, extracted_nba_rulebook(constraints=True)).profile is (
+        NBA_PROFILE
+    )
+
+
+async def test_a_rulebook_mapping_nowhere_scores_no_selection(nba: NBADataset) -> None:
+    unmapped = Rulebook.from_rules(
+        [Rule(rule_id="X", name="nothing at all here", condition="c", action="a")]
+    )
+    task = nba_task(nba, unmapped)
+    assert task.gold_rules() is None
+    results = by_method(await aevaluate(task, methods=["oracle", "m1-*"]))
+    assert results["oracle"].status == "skipped"
+    m1 = results["m1-all-rules"]
+    assert "recall_micro" not in m1.metrics
+    assert any("no rule of the rulebook maps" in note for note in m1.notes)
+
+
+async def test_rules_similarity_takes_k_from_tags_picks(nba: NBADataset) -> None:
+    results = by_method(
+        await aevaluate(
+            nba_task(nba),
+            methods=["rules-sim", "tag"],
+            judge_model=RuleAwareFakeChatModel(),
+            embeddings=HashingFakeEmbeddings(),
+        )
+    )
+    # TAG runs first (registry order) and picks 2 rules per problem.
+    assert results["tag"].mean_units == 2.0
+    similar = results["rules-sim"]
+    assert similar.mean_units == 2.0
+    assert "rules-sim: k=2, TAG's mean picks on this run (2.0)" in similar.notes
+    [alone] = await aevaluate(
+        nba_task(nba), methods=["rules-sim"], embeddings=HashingFakeEmbeddings()
+    )
+    assert alone.mean_units == len(RULES)  # k=10 > 6 rules
+    assert "rules-sim: k=10, since TAG did not run before it" in alone.notes
+    [fixed] = await aevaluate(
+        nba_task(nba),
+        methods=["rules-sim"],
+        embeddings=HashingFakeEmbeddings(),
+        rules_sim_k=3,
+    )
+    assert fixed.mean_units == 3.0
+    assert "rules-sim: k=3, as set" in fixed.notes
 
 
 async def test_methods_needing_a_model_are_skipped_with_the_reason(
@@ -347,9 +498,13 @@ async def test_executor_gets_the_assumptions_but_retrieval_does_not(
 ) -> None:
     executor = RuleAwareFakeChatModel()  # echoes its prompt: not an NBA verdict
     [result] = await aevaluate(nba_task(nba), methods=["m0-*"], executor_model=executor)
-    assert result.failures == 3
-    assert result.first_error is not None
-    assert result.first_error.startswith("execution: OutputParserException")
+    # Unreadable answers are the method's: scored wrong, not left out as failures.
+    assert (result.malformed, result.failures) == (3, 0)
+    assert any(
+        note.startswith("3 executor answers malformed, scored as wrong (the first: "
+                        "OutputParserException")
+        for note in result.notes
+    )
     assert result.metrics["strict_accuracy"] == 0.0
     assert all("Luxury tax: $170,814,000" in prompt for prompt in executor.prompts)
 
@@ -416,7 +571,11 @@ async def test_humaneval_pass_at_1_and_pylint() -> None:
     m0 = results["m0-no-retrieval"]
     assert m0.metrics["pass_at_1"] == 1.0
     assert m0.metrics["pylint"] == 10.0
-    assert "no PEP 8 rulebook" in (results["m1-all-rules"].skip_reason or "")
+    # Without --pep8-rulebook the rule methods use the curated one, and say so.
+    assert (
+        "rulebook: curated, written by hand from pep-0008.rst (not extracted)"
+        in results["m1-all-rules"].notes
+    )
     assert results["oracle"].status == "skipped"
 
 
@@ -598,7 +757,7 @@ def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert cli.main(["eval", "nba", "--offline", "--judge-model", "x"]) == 2
     assert "--offline uses no model" in capsys.readouterr().err
     assert cli.main(["eval", "nba", "--limit", "0"]) == 2
-    assert "--limit must be a positive number" in capsys.readouterr().err
+    assert "--limit must be at least 1, got 0" in capsys.readouterr().err
     old_cache = tmp_path / "embeddings.sqlite"
     old_cache.write_bytes(b"SQLite format 3\x00")
     assert cli.main(["eval", "nba", "--embedding-cache", str(old_cache)]) == 2
