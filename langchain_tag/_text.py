@@ -104,3 +104,20 @@ def json_objects(text: str) -> Iterator[dict[str, Any]]:
 def first_json_object(text: str, key: str | None = None) -> dict[str, Any] | None:
     """The first JSON object in `text` (having `key`, if given), or None."""
     return next((o for o in json_objects(text) if key is None or key in o), None)
+
+
+def answer_text(message: object) -> str:
+    """A model answer's text, or its tool calls' arguments as JSON when it has none.
+
+    Structured output through tool calling leaves the text empty; the arguments
+    are what a text parser can still read.
+    """
+    if message is None:
+        return ""
+    text = getattr(message, "text", None)
+    if not isinstance(text, str):
+        return str(message)
+    calls = getattr(message, "tool_calls", None)
+    if text.strip() or not isinstance(calls, list) or not calls:
+        return text
+    return json.dumps([call.get("args") for call in calls])

@@ -15,12 +15,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 import httpx
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -30,6 +30,7 @@ from tenacity import (
 )
 
 if TYPE_CHECKING:
+    from langchain_core.runnables import Runnable
     from langgraph.types import RetryPolicy
 
 __all__ = [
@@ -41,7 +42,7 @@ __all__ = [
     "configured_model",
     "default_chat_model",
     "model_identity",
-    "supports_structured_output",
+    "structured_model",
     "with_settings",
 ]
 
@@ -298,13 +299,50 @@ STRUCTURED_PARSE_ERRORS = (ValidationError, json.JSONDecodeError, OutputParserEx
 """What a structured-output call raises when the model answered in plain text."""
 
 
-def supports_structured_output(llm: BaseChatModel) -> bool:
+def _supports_structured_output(llm: BaseChatModel) -> bool:
     """Whether `llm`'s class implements structured output (or tool binding)."""
     cls = type(llm)
     return (
         cls.with_structured_output is not BaseChatModel.with_structured_output
         or cls.bind_tools is not BaseChatModel.bind_tools
     )
+
+
+def structured_model(
+    llm: BaseChatModel,
+    schema: type[BaseModel],
+    mode: Literal["auto", "always", "never"],
+    *,
+    ignored: bool = False,
+) -> Runnable[Any, Any] | None:
+    """`llm` answering `schema` with the raw message (`include_raw`), or None.
+
+    Args:
+        llm: The model.
+        schema: The answer's pydantic model.
+        mode: `auto`: when the model's class implements structured output and the
+            model is not known to ignore it (`ignored`); `always`: required;
+            `never`: None (the caller parses text).
+        ignored: The model was seen answering structured requests in prose.
+
+    Raises:
+        ValueError: `always`, and the model does not support structured output.
+    """
+    wanted = mode == "always" or (
+        mode == "auto" and _supports_structured_output(llm) and not ignored
+    )
+    if not wanted:
+        return None
+    try:
+        return llm.with_structured_output(schema, include_raw=True)
+    except NotImplementedError:
+        if mode == "always":
+            msg = (
+                f"{type(llm).__name__} does not support structured output; use "
+                "structured_output='auto' or 'never'."
+            )
+            raise ValueError(msg) from None
+    return None
 
 
 def model_identity(llm: BaseChatModel) -> str:

@@ -100,8 +100,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--nba-rulebook",
         help="nba: an extracted rulebook instead of RuleArena's 55 catalogue rules "
-        "(the method's setup; rules with applies_when/constraint fields are judged "
-        "with the NBA profile)",
+        "(the method's setup). Rules in the NBA matcher's schema (applies_when, "
+        "constraint, violation_check, does_not_apply_to; written by hand or by "
+        "your own tooling) are judged with the NBA profile; selection is scored "
+        "through the rules that map onto the catalogue (metadata catalogue_id, "
+        "rule id or a tag)",
     )
     parser.add_argument(
         "--pep8-rulebook",
@@ -124,6 +127,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         type=int,
         help="k of rules+similarity (default: TAG's mean picks on the run, as in "
         "the method)",
+    )
+    parser.add_argument(
+        "--failed-inputs",
+        choices=["excluded", "wrong"],
+        default="excluded",
+        help="an input that failed (e.g. a judgment failed after its retries): "
+        "flagged and left out of the quality means (default, the method), or "
+        "scored as a wrong answer",
     )
     parser.add_argument(
         "--estimate",
@@ -203,16 +214,25 @@ def _check_options(args: argparse.Namespace) -> None:
         if value is not None and value < 1:
             msg = f"--{option.replace('_', '-')} must be at least 1, got {value}."
             raise CommandError(msg)
-    for option in ("price_in", "price_out"):
-        value = getattr(args, option)
-        if value is not None and (value < 0 or not args.estimate):
-            msg = (
-                f"--{option.replace('_', '-')} is a price for --estimate (USD per "
-                f"million tokens, >= 0), got {value}"
-                + ("" if args.estimate else " without --estimate")
-                + "."
-            )
-            raise CommandError(msg)
+    prices = (args.price_in, args.price_out)
+    if prices != (None, None) and (
+        not args.estimate
+        or None in prices
+        or any(p is not None and p < 0 for p in prices)
+    ):
+        msg = (
+            "--price-in and --price-out go together, with --estimate: USD per "
+            f"million input and output tokens, each >= 0 (got {prices[0]} and "
+            f"{prices[1]}" + ("" if args.estimate else ", without --estimate") + ")."
+        )
+        raise CommandError(msg)
+    if not args.no_embedding_cache and Path(args.embedding_cache).is_file():
+        msg = (
+            f"--embedding-cache {args.embedding_cache} is a file; it must be a "
+            "directory (vectors are kept a file each): pass another path, or "
+            "delete the file (an embeddings.sqlite of an earlier version)."
+        )
+        raise CommandError(msg)
     _check_task_options(args)
 
 
@@ -224,10 +244,13 @@ def _check_task_options(args: argparse.Namespace) -> None:
             'L.jsonl (one {"input": ..., "applicable": [rule ids]} per line).'
         )
         raise CommandError(msg)
+    # `all` runs every task on the shared data, not a custom one.
     given = [
         f"--{option.replace('_', '-')}"
         for task, option in _RULEBOOK_OPTIONS.items()
-        if getattr(args, option) and args.task not in (task, "all")
+        if getattr(args, option)
+        and args.task != task
+        and not (args.task == "all" and task != "custom")
     ]
     if args.inputs and args.task != "custom":
         given.append("--inputs")
@@ -246,11 +269,34 @@ def _check_task_options(args: argparse.Namespace) -> None:
     if args.suite and args.methods:
         msg = "--suite chooses the methods; drop --methods."
         raise CommandError(msg)
-    if not args.no_embedding_cache and Path(args.embedding_cache).is_file():
+    _check_suite(args)
+
+
+def _check_suite(args: argparse.Namespace) -> None:
+    """What a suite runs leaves no room for options that would be ignored."""
+    if args.suite == "2x2" and args.task == "custom":
         msg = (
-            f"--embedding-cache {args.embedding_cache} is a file; it must be a "
-            "directory (vectors are kept a file each): pass another path, or "
-            "delete the file (an embeddings.sqlite of an earlier version)."
+            "--suite 2x2 needs chunks of the task's documents; a custom task has "
+            "only its rulebook."
+        )
+        raise CommandError(msg)
+    if args.suite != "phases":
+        return
+    ignored = [
+        f"--{option.replace('_', '-')}"
+        for option in (
+            "estimate",
+            "rules_sim_k",
+            "cheap_judge_model",
+            *_RULEBOOK_OPTIONS.values(),
+        )
+        if getattr(args, option)
+    ]
+    if ignored:
+        msg = (
+            f"--suite phases extracts its own rulebooks and runs TAG on each, and "
+            f"cannot estimate extraction before its answers: drop "
+            f"{', '.join(ignored)}."
         )
         raise CommandError(msg)
 
@@ -285,6 +331,20 @@ def _tasks(args: argparse.Namespace, data_dir: Path | None) -> list[EvalTask]:
     ]
 
 
+def _need_sacrebleu(loaded: Sequence[EvalTask]) -> None:
+    """BLEU (NPOV, custom references) needs sacrebleu: say so before running."""
+    import importlib.util  # noqa: PLC0415 - only for this check
+
+    if any(task.name in ("npov", "custom") for task in loaded) and (
+        importlib.util.find_spec("sacrebleu") is None
+    ):
+        msg = (
+            "BLEU needs sacrebleu, which is not installed: "
+            "pip install 'langchain-tag[eval]'."
+        )
+        raise CommandError(msg)
+
+
 def _patterns(args: argparse.Namespace, loaded: Sequence[EvalTask]) -> list[str] | None:
     from langchain_tag.evaluation import methods  # noqa: PLC0415 - heavy
 
@@ -316,6 +376,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     patterns = _patterns(args, loaded)
     if args.estimate:
         return _estimate(args, loaded, patterns)
+    _need_sacrebleu(loaded)
     notices: list[str] = []
     judge = None if args.offline else _model(args.judge_model, "judge", notices)
     executor = (
@@ -404,6 +465,7 @@ def _evaluate(
                 embeddings=embeddings,
                 max_concurrency=args.max_concurrency,
                 rules_sim_k=args.rules_sim_k,
+                failed_inputs=args.failed_inputs,
                 on_result=progress,
             )
         )
@@ -436,6 +498,11 @@ def _estimate(
         )
     ]
     print(estimate.estimate_table(rows))  # noqa: T201
+    if not args.offline:
+        print(  # noqa: T201
+            "Assumes a judge model and an executor model are configured (as a run "
+            "needs); --offline estimates the methods that need none."
+        )
     return 0
 
 

@@ -18,7 +18,8 @@
 - `suites`: the phase ablations, one extraction per skipped phase.
 
 Importing this package loads none of `tasks`, `methods`, `runner`, `report`,
-`npov`, `estimate`, `suites` or `diagnostic` (the executor, the baselines, the prefilter's numpy and rank-bm25);
+`npov`, `estimate`, `suites` or `diagnostic` (the executor, the baselines, the
+prefilter's numpy and rank-bm25);
 `from langchain_tag.evaluation import mismatch_diagnostic` loads the diagnostic on
 first use.
 """

@@ -306,10 +306,15 @@ class MethodEstimate(BaseModel):
     dollars: float | None = Field(
         default=None, description="At the prices given; None without prices."
     )
+    exact_judge_calls: bool = Field(
+        default=True,
+        description="Whether `judge_calls` is exact (assuming first-attempt "
+        "successes); False: an upper bound or an approximation (the notes say).",
+    )
     exact_calls: bool = Field(
         default=True,
-        description="Whether `calls` is exact (assuming first-attempt successes); "
-        "False: an upper bound or an approximation, the notes say which.",
+        description="Whether `calls` is exact: the judge calls are, and no grader "
+        "call is counted (graders may skip an answer, so theirs are a bound).",
     )
     token_counter: str = Field(default="", description="How tokens were counted.")
     notes: list[str] = Field(default_factory=list)
@@ -614,6 +619,7 @@ class _Run:
                 execution.add(self._execute(item, found.units))
                 grading.add(self._grade(item))
         notes = self._notes(method, retrievals, retrieval, failed, repeats)
+        exact_judge = not (retrieval.bounded_calls or failed or repeats)
         priced = [retrieval, execution, grading]
         input_tokens = sum(c.input_tokens for c in priced)
         output_tokens = sum(c.output_tokens for c in priced)
@@ -628,7 +634,9 @@ class _Run:
             dollars=_dollars(
                 input_tokens, output_tokens, self.price_in, self.price_out
             ),
-            exact_calls=not (retrieval.bounded_calls or failed or repeats),
+            exact_judge_calls=exact_judge,
+            # Graders may skip an answer (NPOV's pass-through guard): a bound.
+            exact_calls=exact_judge and not grading.calls,
             notes=notes,
         )
 
@@ -783,7 +791,12 @@ def estimate_methods(
             # As the run does: rules+similarity's k is TAG's mean picks, here the
             # estimated ones (the gold rules judged); unknown without gold labels.
             picks = _tag_mean_picks(retrievals)
-            run.context = dataclasses.replace(run.context, tag_mean_picks=picks)
+            run.context = dataclasses.replace(
+                run.context,
+                tag_picks=None
+                if picks is None
+                else (picks, len(retrievals), estimate.n),
+            )
             run.tag_picks_unknown = picks is None
     return estimates
 
@@ -812,14 +825,13 @@ def _cells(estimate: MethodEstimate, *, with_task: bool) -> list[str]:
             *("-" * 7),
             f"skipped: {estimate.skip_reason}",
         ]
-    exact = estimate.exact_calls
     return [
         *first,
         estimate.method,
-        _number(estimate.calls, exact=exact),
-        _number(estimate.judge_calls, exact=exact),
+        _number(estimate.calls, exact=estimate.exact_calls),
+        _number(estimate.judge_calls, exact=estimate.exact_judge_calls),
         _number(estimate.executor_calls),
-        _number(estimate.grader_calls),
+        _number(estimate.grader_calls, exact=not estimate.grader_calls),
         _number(estimate.input_tokens),
         _number(estimate.output_tokens),
         _usd(estimate.dollars),
@@ -850,14 +862,20 @@ def estimate_table(estimates: Iterable[MethodEstimate]) -> str:
     ]
     done = [row for row in rows if row.status == "ok"]
     priced = [row.dollars for row in done if row.dollars is not None]
-    exact = all(row.exact_calls for row in done)
+    graded = sum(row.grader_calls for row in done)
     totals = [
         *([""] if with_task else []),
         "**total**",
-        _number(sum(row.calls for row in done), exact=exact),
-        _number(sum(row.judge_calls for row in done), exact=exact),
+        _number(
+            sum(row.calls for row in done),
+            exact=all(row.exact_calls for row in done),
+        ),
+        _number(
+            sum(row.judge_calls for row in done),
+            exact=all(row.exact_judge_calls for row in done),
+        ),
         _number(sum(row.executor_calls for row in done)),
-        _number(sum(row.grader_calls for row in done)),
+        _number(graded, exact=not graded),
         _number(sum(row.input_tokens for row in done)),
         _number(sum(row.output_tokens for row in done)),
         _usd(sum(priced) if priced else None),
@@ -870,7 +888,9 @@ def estimate_table(estimates: Iterable[MethodEstimate]) -> str:
         "Estimated without calling any model. Calls are exact when every call "
         "succeeds at its first attempt (no retries, no batched answer missing a "
         "rule); ≤ marks an upper bound (the cascade's strong judge counted for "
-        "every pair). Input tokens are the rendered prompts' ("
+        "every pair; a grader call for every answer, though a grader may skip one, "
+        "as the VFR judge skips a copied sentence). Input tokens are the rendered "
+        "prompts' ("
         + (" and ".join(counters) or "no prompts")
         + f", plus {MESSAGE_OVERHEAD} per message and {REPLY_OVERHEAD} per "
         "request); output tokens are estimated (a judge's NO, a typical answer per "

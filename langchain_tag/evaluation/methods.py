@@ -139,13 +139,14 @@ class MethodContext:
     """In-flight LLM calls at most, per method."""
     rules_sim_k: int | None = None
     """rules+similarity's k; None: TAG's mean picks on this run (the method)."""
-    tag_mean_picks: float | None = None
-    """Rules TAG gave the executor per input on this run, once TAG ran."""
+    tag_picks: tuple[float | None, int, int] | None = None
+    """Once TAG ran: the rules it gave the executor per input (None if every
+    input failed), over how many inputs, of how many."""
 
     def unavailable(self, method: Method) -> str | None:
         """Why `method` cannot run here, or None."""
         if "rulebook" in method.needs and self.task.rulebook is None:
-            return self.task.missing_rulebook or "the task has no rulebook"
+            return "the task has no rulebook"
         if "documents" in method.needs and not self.task.documents:
             return "the task has no documents to split into chunks"
         if "gold" in method.needs and self.task.gold_rules() is None:
@@ -173,14 +174,15 @@ class MethodContext:
         """rules+similarity's k, and where it came from (for the row's notes)."""
         if self.rules_sim_k is not None:
             return self.rules_sim_k, f"rules-sim: k={self.rules_sim_k}, as set"
-        if self.tag_mean_picks is not None:
-            k = max(1, round(self.tag_mean_picks))
-            return k, (
-                f"rules-sim: k={k}, TAG's mean picks on this run "
-                f"({self.tag_mean_picks:.1f})"
-            )
         k = RULE_SIMILARITY_FALLBACK_K
-        return k, f"rules-sim: k={k}, since TAG did not run before it"
+        if self.tag_picks is None:
+            return k, f"rules-sim: k={k}, since TAG did not run before it"
+        picks, counted, inputs = self.tag_picks
+        if picks is None:
+            return k, f"rules-sim: k={k}, since every input of TAG failed"
+        k = max(1, round(picks))
+        over = "" if counted == inputs else f" over {counted} of {inputs} inputs"
+        return k, f"rules-sim: k={k}, TAG's mean picks on this run ({picks:.1f}{over})"
 
     def judge(self) -> BaseChatModel:
         """The judge model (a method needing `judge` only runs when there is one)."""

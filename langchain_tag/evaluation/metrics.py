@@ -104,9 +104,9 @@ def aggregate(scores: Sequence[SelectionScores]) -> AggregateScores:
     )
 
 
-def mean(values: Iterable[float]) -> float | None:
-    """The mean of `values`; None when there are none (nothing was measured)."""
-    found = list(values)
+def mean(values: Iterable[float | None]) -> float | None:
+    """The mean of the values measured (not None); None when there are none."""
+    found = [value for value in values if value is not None]
     return statistics.fmean(found) if found else None
 
 

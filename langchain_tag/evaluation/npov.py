@@ -21,12 +21,10 @@ sample (`load_wnc`: biased -> neutral sentence pairs) stands in, with:
 from __future__ import annotations
 
 import difflib
-import json
 import re
-import statistics
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, cast
 
 from langchain_core.language_models import BaseChatModel
@@ -44,12 +42,19 @@ from rapidfuzz import fuzz
 from tenacity import AsyncRetrying, Retrying
 
 from langchain_tag._delimiters import data_tag, escape_delimiters
-from langchain_tag._text import check_text, describe_error, json_objects, strip_thinking
+from langchain_tag._text import (
+    answer_text,
+    check_text,
+    describe_error,
+    json_objects,
+    strip_thinking,
+)
+from langchain_tag.evaluation.metrics import mean
 from langchain_tag.models import (
     ONE_ATTEMPT,
     STRUCTURED_PARSE_ERRORS,
     CallRetry,
-    supports_structured_output,
+    structured_model,
     with_settings,
 )
 
@@ -68,7 +73,6 @@ __all__ = [
     "corpus_bleu",
     "edit_scores",
     "exact_match",
-    "mean_defined",
     "normalize_wnc",
     "passes_through",
     "vfr_messages",
@@ -131,13 +135,17 @@ def exact_match(rewrite: str, reference: str) -> bool:
     return normalize_wnc(rewrite) == normalize_wnc(reference)
 
 
-def corpus_bleu(rewrites: Sequence[str], references: Sequence[str]) -> float:
+def corpus_bleu(
+    rewrites: Sequence[str], references: Sequence[str], *, wnc: bool = True
+) -> float:
     """Corpus BLEU (0-100) of the rewrites against one reference each (sacrebleu).
 
-    Both sides are `normalize_wnc`-ed and scored with sacrebleu's `tokenize="none"`
-    (`BLEU_TOKENIZE`): the normalised text is already tokenized as the corpus is,
-    and a second tokenizer (13a) would split it again by other rules. Otherwise
-    sacrebleu's defaults: 4-grams, exponential smoothing, one reference stream.
+    With `wnc` (WNC pairs), both sides are `normalize_wnc`-ed and scored with
+    sacrebleu's `tokenize="none"` (`BLEU_TOKENIZE`): the normalised text is already
+    tokenized as the corpus is, and a second tokenizer (13a) would split it again
+    by other rules. Without it (any other text), the text is scored as given with
+    sacrebleu's standard 13a tokenizer. Otherwise sacrebleu's defaults: 4-grams,
+    exponential smoothing, one reference stream.
 
     Raises:
         ValueError: The two lists differ in length, or are empty.
@@ -157,6 +165,8 @@ def corpus_bleu(rewrites: Sequence[str], references: Sequence[str]) -> float:
             "(`pip install 'langchain-tag[eval]'`)."
         )
         raise ImportError(msg) from error
+    if not wnc:
+        return float(BLEU().corpus_score(list(rewrites), [list(references)]).score)
     # force: the text is tokenized on purpose (sacrebleu would warn about it).
     bleu = BLEU(tokenize=BLEU_TOKENIZE, force=True)
     score = bleu.corpus_score(
@@ -176,7 +186,7 @@ class EditScores(BaseModel):
     A share whose denominator is 0 is None, not 1.0: a pair whose neutral edit
     removed nothing (only added, or changed nothing) says nothing about whether a
     rewrite removes biased words, and 1.0 would credit every rewrite, a copy too,
-    on it. Average with `mean_defined`, which leaves the Nones out.
+    on it. Average with `metrics.mean`, which leaves the Nones out.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -228,12 +238,6 @@ def edit_scores(biased: str, neutral: str, rewrite: str) -> EditScores:
         recall=_share(counts["removed_by_rewrite"], counts["removed"]),
         precision=_share(counts["kept_by_rewrite"], counts["kept"]),
     )
-
-
-def mean_defined(values: Iterable[float | None]) -> float | None:
-    """The mean of the values that are not None; None when there are none."""
-    defined = [value for value in values if value is not None]
-    return statistics.fmean(defined) if defined else None
 
 
 # --- Violation descriptions -----------------------------------------------------------
@@ -429,7 +433,7 @@ class VFRScores(BaseModel):
 
     A rewrite the pass-through guard stopped has `passed_through` True, `vfr`
     False and no 1-5 scores (None): no judge was asked, and scores invented for it
-    would mix into the judged ones. Average the 1-5 scores with `mean_defined`.
+    would mix into the judged ones. Average the 1-5 scores with `metrics.mean`.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -460,7 +464,7 @@ class VFRScores(BaseModel):
     @property
     def average(self) -> float | None:
         """The mean of the four 1-5 scores (the paper's Avg); None if not judged."""
-        return mean_defined((self.rem, self.pres, self.tone, self.flu))
+        return mean((self.rem, self.pres, self.tone, self.flu))
 
     def scores(self) -> dict[str, float]:
         """The scores by `VFR_KEYS` name: `vfr` as 0.0 or 1.0, then the defined ones.
@@ -500,16 +504,6 @@ class VFRJudgmentError(RuntimeError):
 _SNIPPET = 200
 
 
-def _answer_text(message: Any) -> str:
-    """A message's text, or its tool calls' arguments as JSON when it has no text."""
-    if not isinstance(message, BaseMessage):
-        return "" if message is None else str(message)
-    calls = getattr(message, "tool_calls", None) or []
-    if message.text.strip() or not calls:
-        return message.text
-    return json.dumps([call.get("args") for call in calls])
-
-
 def _read_answer(output: Any) -> VFRAnswer:
     """The judge's answer from a structured or a text output.
 
@@ -520,9 +514,9 @@ def _read_answer(output: Any) -> VFRAnswer:
     parsed = None
     if isinstance(output, Mapping):  # structured: {"raw", "parsed", ...}
         parsed = output.get("parsed")
-        text = _answer_text(output.get("raw"))
+        text = answer_text(output.get("raw"))
     else:
-        text = _answer_text(output)
+        text = answer_text(output)
     snippet = repr(text[:_SNIPPET]) + ("..." if len(text) > _SNIPPET else "")
     if isinstance(parsed, BaseModel):
         data: dict[str, Any] | None = parsed.model_dump()
@@ -604,21 +598,9 @@ class VFRJudge(BaseModel):
         if self.retry is not None:
             model, _ = with_settings(self.llm, max_retries=0)
         self._text_model = model
-        wanted = self.structured_output == "always" or (
-            self.structured_output == "auto" and supports_structured_output(model)
+        self._structured_model = structured_model(
+            model, VFRJudgeOutput, self.structured_output
         )
-        if wanted:
-            try:
-                self._structured_model = model.with_structured_output(
-                    VFRJudgeOutput, include_raw=True
-                )
-            except NotImplementedError:
-                if self.structured_output == "always":
-                    msg = (
-                        f"{type(model).__name__} does not support structured output; "
-                        "use structured_output='auto' or 'never'."
-                    )
-                    raise ValueError(msg) from None
 
     def messages(
         self, original: str, violation: str, rewrite: str

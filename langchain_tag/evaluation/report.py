@@ -183,6 +183,7 @@ def _diagnostic_section(diagnostics: Sequence[DiagnosticResult]) -> str:
 
 def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
     ran = [r for r in rows if r.status == "ok"]
+    graded = any(r.grader_calls for r in ran)
     quality = [
         metric for metric in METRICS[task] if any(metric.key in r.metrics for r in ran)
     ]
@@ -198,7 +199,9 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
         "wall s",
         "units/input",
         "chars/input",
+        "malformed",
         "failures",
+        *(["grader calls"] if graded else []),
     ]
     cells = (
         [
@@ -213,12 +216,14 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
             f"{r.wall_seconds:.2f}",
             r.mean_units,
             None if r.mean_context_chars is None else round(r.mean_context_chars),
+            r.malformed,
             r.failures,
+            *([r.grader_calls] if graded else []),
         ]
         for r in ran
     )
     lines = [f"## {TASK_TITLES[task]}", "", *_table(headings, cells)]
-    notes = sorted({note for r in ran for note in r.notes})
+    notes = _notes(ran)
     failures = [
         f"Failures of {r.method}: {r.failures}, the first: {r.first_error}"
         for r in ran
@@ -237,6 +242,18 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
             *(f"- {', '.join(names)}: {reason}" for reason, names in skipped.items()),
         ]
     return "\n".join(lines)
+
+
+def _notes(rows: Sequence[EvalResult]) -> list[str]:
+    """Each note once, naming the methods it is about unless it is about all."""
+    said: dict[str, list[str]] = {}
+    for r in rows:
+        for note in r.notes:
+            said.setdefault(note, []).append(r.method)
+    return sorted(
+        note if len(methods) == len(rows) else f"{', '.join(methods)}: {note}"
+        for note, methods in said.items()
+    )
 
 
 def write_csv(results: Sequence[EvalResult], path: str | os.PathLike[str]) -> Path:

@@ -46,11 +46,12 @@ from langchain_tag.evaluation.tasks import (
     METRICS,
     EvalItem,
     EvalTask,
+    FailedInputs,
     ItemOutcome,
+    Step,
     TaskName,
     UnitKind,
     load_task,
-    scored,
 )
 from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.execution import ActionOnlyExecutor
@@ -198,6 +199,9 @@ class RunOptions(TypedDict, total=False):
     """Inputs in progress at once, and LLM calls in flight per method."""
     rules_sim_k: int | None
     """rules+similarity's k; None (default) is TAG's mean picks on the run."""
+    failed_inputs: FailedInputs
+    """`excluded` (default, the method): a failed input is flagged, counted and
+    left out of the quality means; `wrong`: scored as a wrong answer."""
     on_result: Callable[[EvalResult], None] | None
     """Called with each method's result as soon as it is known (progress)."""
 
@@ -231,7 +235,10 @@ async def aevaluate(task: EvalTask, **options: Unpack[RunOptions]) -> list[EvalR
         )
         results.append(result)
         if method.name == "tag" and result.status == "ok":
-            context = replace(context, tag_mean_picks=result.mean_units)
+            context = replace(
+                context,
+                tag_picks=(result.mean_units, result.n - result.failures, result.n),
+            )
         if on_result is not None:
             on_result(result)
     return results
@@ -244,7 +251,9 @@ def method_context(task: EvalTask, **options: Unpack[RunOptions]) -> MethodConte
     models and the settings of `options`.
     """
     limited = copy.copy(task.limited(options.get("limit")))
-    limited.grading_model = options.get("judge_model")
+    if limited.grading_model is None:
+        limited.grading_model = options.get("judge_model")
+    limited.failed_inputs = options.get("failed_inputs", task.failed_inputs)
     return MethodContext(
         task=limited,
         embeddings=shared_embeddings(options.get("embeddings")),
@@ -302,9 +311,14 @@ async def _evaluate_method(
     )
     errors = [o.error for o in outcomes if o.error]
     if errors:
+        treated = (
+            "are scored as wrong answers"
+            if task.failed_inputs == "wrong"
+            else "are left out of the quality means"
+        )
         notes.append(
-            f"{len(errors)} of {len(outcomes)} inputs failed (see failures) and are "
-            "left out of the quality means"
+            f"{len(errors)} of {len(outcomes)} inputs failed (see failures) and "
+            + treated
         )
     unreadable = [o.malformed for o in outcomes if o.malformed is not None]
     if unreadable:
@@ -318,6 +332,7 @@ async def _evaluate_method(
             f"rulebook: curated, written by hand from {curated['document']} "
             "(not extracted)"
         )
+    retrieved = [o for o in outcomes if o.failed_at != "retrieval"]
     reported = retrieval.reported or execution.reported
     return _result(
         task,
@@ -335,10 +350,10 @@ async def _evaluate_method(
         else None,
         wall_seconds=wall_seconds,
         setup_seconds=setup_seconds,
-        # Over the inputs that did not fail, as the quality metrics.
-        mean_units=mean(len(o.units) for o in scored(outcomes)),
+        # Over the inputs whose retrieval succeeded: what was given to execute.
+        mean_units=mean(len(o.units) for o in retrieved),
         mean_context_chars=mean(
-            sum(len(d.page_content) for d in o.units) for o in scored(outcomes)
+            sum(len(d.page_content) for d in o.units) for o in retrieved
         ),
         malformed=len(unreadable),
         failures=len(errors),
@@ -362,7 +377,7 @@ async def _run_item(
 ) -> ItemOutcome:
     """Retrieve and execute one input; a failing step ends it, recorded."""
     outcome = ItemOutcome(item)
-    step = "retrieval"
+    step: Step = "retrieval"
     try:
         outcome.units = await retriever.ainvoke(
             item.text, {"callbacks": [retrieval], "run_name": method.name}
@@ -394,8 +409,9 @@ async def _grade(
 
 
 def _failed(
-    task: EvalTask, method: Method, outcome: ItemOutcome, step: str, error: Exception
+    task: EvalTask, method: Method, outcome: ItemOutcome, step: Step, error: Exception
 ) -> None:
+    outcome.failed_at = step
     outcome.error = f"{step}: {type(error).__name__}: {error}"
     logger.warning(
         "%s %s %s: %s", task.name, method.name, outcome.item.id, outcome.error

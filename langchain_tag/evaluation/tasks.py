@@ -21,6 +21,7 @@ counted in `EvalResult.failures`, never scored as a wrong answer.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
@@ -48,23 +49,33 @@ from langchain_tag.execution import (
     NBAVerdict,
     NPOVResult,
 )
-from langchain_tag.matching import CONDITION_PROFILE, NBA_PROFILE, RuleSchemaProfile
+from langchain_tag.matching import (
+    CONDITION_PROFILE,
+    NBA_PROFILE,
+    RuleSchemaProfile,
+    constraint_profile,
+)
 from langchain_tag.resources import curated_rulebook, document_name, resource_text
 from langchain_tag.rules import Rule, Rulebook
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
+    "GENERIC_CONSTRAINT_PROFILE",
     "METRICS",
     "NBA_LEVELS",
     "TASKS",
     "CustomTask",
     "EvalItem",
     "EvalTask",
+    "FailedInputs",
     "HumanEvalTask",
     "ItemOutcome",
     "Metric",
     "NBATask",
     "NPOVTask",
     "ObliQATask",
+    "Step",
     "TaskName",
     "UnitKind",
     "catalogue_id",
@@ -74,7 +85,6 @@ __all__ = [
     "nba_task",
     "npov_task",
     "obliqa_task",
-    "scored",
 ]
 
 TaskName = Literal["nba", "obliqa", "humaneval", "npov", "custom"]
@@ -87,6 +97,18 @@ NBA_LEVELS = (0, 1, 2)
 UnitKind = Literal["rules", "chunks", "passages"]
 """What a method hands the executor: rules' actions, text chunks, or whole passages
 (ObliQA's passage rulebook)."""
+
+Step = Literal["retrieval", "execution", "grading"]
+"""The steps an input goes through for a method."""
+
+FailedInputs = Literal["excluded", "wrong"]
+"""What quality metrics make of an input that failed (see `EvalTask.failed_inputs`)."""
+
+GENERIC_CONSTRAINT_PROFILE = constraint_profile()
+"""The judge of constraint-schema rules outside NBA (no domain criteria)."""
+
+VFR_FAILED = "vfr_failed"
+"""The grade key flagging an NPOV input whose VFR judgment failed."""
 
 RANK_CUTOFF = 10
 """k of the ranked-retrieval metrics (ObliQA Recall@10 and MAP@10)."""
@@ -177,6 +199,8 @@ class ItemOutcome:
     grade: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     """Why the input failed (retrieval, a provider error, grading): left out."""
+    failed_at: Step | None = None
+    """The step that failed, with `error`."""
     malformed: str | None = None
     """Why the executor's answer could not be parsed: a wrong answer, scored as one
     (the method's output, unlike a provider's error)."""
@@ -199,10 +223,11 @@ class EvalTask(ABC):
     """The text chunk methods split and index."""
     profile: RuleSchemaProfile = CONDITION_PROFILE
     """What a TAG judge sees of each rule."""
-    missing_rulebook: str = ""
-    """Why there is no rulebook (shown for skipped methods)."""
     grading_model: BaseChatModel | None = None
     """An LLM grader's model (NPOV's VFR judge); None grades without one."""
+    failed_inputs: FailedInputs = "excluded"
+    """A failed input (a provider's error, not the method's answer): `excluded`
+    from the quality means and counted (the method), or scored as `wrong`."""
 
     def __post_init__(self) -> None:
         """Keep the inputs and documents as lists of their own."""
@@ -227,16 +252,32 @@ class EvalTask(ABC):
         """This task over another rulebook, judged with the profile its rules need.
 
         Rules carrying the constraint-schema fields (`applies_when`, `constraint`,
-        ...) are judged with `NBA_PROFILE`, others with the condition profile.
+        ...) are judged with the generic constraint profile (NBA: its matcher's),
+        others with the condition profile.
         """
         changed = copy.copy(self)
         changed.rulebook = rulebook
-        changed.profile = (
-            NBA_PROFILE
-            if any(map(_has_constraints, rulebook.rules))
-            else (CONDITION_PROFILE)
-        )
+        constrained = any(map(_has_constraints, rulebook.rules))
+        changed.profile = self.constraint_profile if constrained else CONDITION_PROFILE
         return changed
+
+    @property
+    def constraint_profile(self) -> RuleSchemaProfile:
+        """The profile of rules written in the constraint schema."""
+        return GENERIC_CONSTRAINT_PROFILE
+
+    def scored(self, outcomes: Sequence[ItemOutcome]) -> list[ItemOutcome]:
+        """The outcomes quality is measured on (see `failed_inputs`).
+
+        By default those of inputs that did not fail: a failed input (its
+        retrieval, execution or grading raised, e.g. a judgment failed after its
+        retries) is flagged and counted by the runner, since scoring it as a wrong
+        answer would blame the method for the provider's error. A malformed answer
+        is always kept: it is the method's own output, and scores as wrong.
+        """
+        if self.failed_inputs == "wrong":
+            return list(outcomes)
+        return [o for o in outcomes if o.error is None]
 
     def gold_rules(self) -> dict[str, frozenset[str]] | None:
         """Input id -> the ids of its gold rules; None when there are none."""
@@ -261,9 +302,11 @@ class EvalTask(ABC):
         return {}
 
     def grading_prompts(self, item: EvalItem) -> list[list[BaseMessage]]:
-        """The messages of each LLM grading call for `item` (cost estimates).
+        """The messages of each LLM grading call `item` may need (cost estimates).
 
-        Empty for tasks graded without a model, or without `grading_model`.
+        At most these calls are made (a grader may skip an answer, as NPOV's skips
+        a copied sentence). Empty for tasks graded without a model, or without
+        `grading_model`.
         """
         del item
         return []
@@ -289,26 +332,17 @@ def _rule_ids(units: Sequence[Document]) -> list[str]:
     ]
 
 
-def scored(outcomes: Sequence[ItemOutcome]) -> list[ItemOutcome]:
-    """The outcomes quality is measured on: those of inputs that did not fail.
-
-    A failed input (its retrieval, execution or grading raised, e.g. a judgment
-    failed after its retries) is flagged and counted by the runner; scoring it as
-    a wrong answer would blame the method for the provider's error. A malformed
-    answer is kept: it is the method's own output, and scores as wrong.
-    """
-    return [o for o in outcomes if o.error is None]
-
-
 def _selection(
-    outcomes: Sequence[ItemOutcome], gold: Mapping[str, frozenset[str]]
+    chosen: Sequence[set[str]], gold: Sequence[set[str]]
 ) -> dict[str, float | None]:
-    """Rule-selection P/R/F1 of the units' rule ids against `gold` (by input id)."""
+    """Rule-selection P/R/F1 of what each input chose against its gold (in order).
+
+    Empty when there is no input to score (every one failed).
+    """
+    if not chosen:
+        return {}
     total = metrics.aggregate(
-        [
-            metrics.selection_scores(set(_rule_ids(o.units)), set(gold[o.item.id]))
-            for o in outcomes
-        ]
+        [metrics.selection_scores(c, g) for c, g in zip(chosen, gold, strict=True)]
     )
     return {
         "precision_macro": total.macro_precision,
@@ -349,6 +383,11 @@ class NBATask(EvalTask):
         changed._map_rules()  # noqa: SLF001 - the copy's own mapping
         return changed
 
+    @property
+    def constraint_profile(self) -> RuleSchemaProfile:
+        """The paper's NBA matcher."""
+        return NBA_PROFILE
+
     def _map_rules(self) -> None:
         rules = self.rulebook.rules if self.rulebook else ()
         self.catalogue_of_rule = {
@@ -356,6 +395,41 @@ class NBATask(EvalTask):
             for rule in rules
             if (label := catalogue_id(rule, self.catalogue_labels)) is not None
         }
+
+    def _label_selection(
+        self, outcomes: Sequence[ItemOutcome], notes: list[str]
+    ) -> dict[str, float | None]:
+        """Selection P/R/F1 by catalogue label, through the rules that map.
+
+        Several rules may map onto one label (one hit), a chosen rule that maps
+        nowhere is not counted, and the gold is what the mapped rules can cover.
+        """
+        covered = set(self.catalogue_of_rule.values())
+        scored = [o for o in outcomes if o.item.gold & covered]
+        rulebook_size = len(self.rulebook.rules) if self.rulebook else 0
+        if len(self.catalogue_of_rule) < rulebook_size:
+            notes.append(
+                f"rule selection: by catalogue label, through the "
+                f"{len(self.catalogue_of_rule)} of {rulebook_size} rules that map "
+                f"onto RuleArena's catalogue ({len(covered)} of its "
+                f"{len(self.catalogue_labels)} labels)"
+            )
+        if len(scored) < len(outcomes):
+            notes.append(
+                f"rule selection: {len(outcomes) - len(scored)} inputs left out, "
+                "no mapped rule covering their gold labels"
+            )
+        return _selection(
+            [
+                {
+                    self.catalogue_of_rule[rule_id]
+                    for rule_id in _rule_ids(o.units)
+                    if rule_id in self.catalogue_of_rule
+                }
+                for o in scored
+            ],
+            [set(o.item.gold & covered) for o in scored],
+        )
 
     def gold_rules(self) -> dict[str, frozenset[str]] | None:
         """Input id -> the rules of the rulebook whose catalogue id is gold.
@@ -393,25 +467,18 @@ class NBATask(EvalTask):
     ) -> tuple[dict[str, float | None], list[str]]:
         """Rule-selection P/R/F1 (rule methods), strict accuracy per level."""
         found: dict[str, float | None] = {}
-        notes = []
-        outcomes = scored(outcomes)
-        gold = self.gold_rules()
-        rulebook_size = len(self.rulebook.rules) if self.rulebook else 0
+        notes: list[str] = []
+        outcomes = self.scored(outcomes)
         if units != "rules":
             notes.append("rule selection: not defined for chunks")
-        elif gold is None:
+        elif not self.catalogue_of_rule:
             notes.append(
                 "rule selection: no rule of the rulebook maps onto RuleArena's "
                 "catalogue (a rule maps by its rule_id, a tag, or "
                 "metadata['catalogue_id'] naming a catalogue id)"
             )
         else:
-            found |= _selection(outcomes, gold)
-            if len(self.catalogue_of_rule) < rulebook_size:
-                notes.append(
-                    f"rule selection: over the {len(self.catalogue_of_rule)} of "
-                    f"{rulebook_size} rules that map onto RuleArena's catalogue"
-                )
+            found |= self._label_selection(outcomes, notes)
         if executed:
             found["strict_accuracy"] = metrics.mean(
                 o.grade.get("strict_accuracy", 0.0) for o in outcomes
@@ -478,7 +545,7 @@ class ObliQATask(EvalTask):
     ) -> tuple[dict[str, float | None], list[str]]:
         """Recall@10, MAP@10, and recall over everything returned."""
         rankings = [
-            (self.ranked_passages(o.units), o.item.gold) for o in scored(outcomes)
+            (self.ranked_passages(o.units), o.item.gold) for o in self.scored(outcomes)
         ]
         return {
             "recall_at_10": metrics.mean(
@@ -505,6 +572,9 @@ class HumanEvalTask(EvalTask):
 
     timeout: float = field(default=10.0, kw_only=True)
     """Bounds each `check` run, in seconds."""
+    unparseable_score: float = field(default=UNPARSEABLE_SCORE, kw_only=True)
+    """The pylint score of code pylint cannot parse, or an answer with no code: 0
+    (the method), counted in the mean."""
 
     def gold_rules(self) -> dict[str, frozenset[str]] | None:
         """HumanEval has no gold PEP 8 rule labels."""
@@ -519,7 +589,7 @@ class HumanEvalTask(EvalTask):
         answer (the complete function).
         """
         checked = await arun_check(item.problem, answer, self.timeout)
-        score = await apylint_score(answer)
+        score = await apylint_score(answer, unparseable_score=self.unparseable_score)
         return {"pass_at_1": float(checked.passed), "pylint": score}
 
     def quality(
@@ -528,12 +598,12 @@ class HumanEvalTask(EvalTask):
         """Mean pass@1 and pylint score when executed."""
         if not executed:
             return {}, ["pass@1 and pylint: need an executor model"]
-        outcomes = scored(outcomes)
+        outcomes = self.scored(outcomes)
         return {
             "pass_at_1": metrics.mean(o.grade.get("pass_at_1", 0.0) for o in outcomes),
             # An unparseable answer scores 0, as pylint scores a syntax error.
             "pylint": metrics.mean(
-                o.grade.get("pylint", UNPARSEABLE_SCORE) for o in outcomes
+                o.grade.get("pylint", self.unparseable_score) for o in outcomes
             ),
         }, []
 
@@ -564,15 +634,20 @@ class NPOVTask(EvalTask):
         pair: datasets.WNCPair = item.problem
         result: NPOVResult = answer
         found = _npov_scores(pair, result.rewrite)
-        if self.grading_model is not None:
+        if self.grading_model is None:
+            return found
+        try:
             judged = await npov.VFRJudge(llm=self.grading_model).ajudge(
                 pair.biased,
                 npov.violation_description(pair.biased, pair.neutral),
                 result.rewrite,
                 config=config,
             )
-            found |= judged.scores()
-        return found
+        except npov.VFRJudgmentError as error:
+            # Flagged and left out of the VFR means; the LLM-free scores stand.
+            logger.warning("npov %s: the VFR judgment failed: %s", item.id, error)
+            return found | {VFR_FAILED: 1.0}
+        return found | judged.scores()
 
     def grading_prompts(self, item: EvalItem) -> list[list[BaseMessage]]:
         """The VFR judge's messages, the input standing in for the rewrite."""
@@ -592,7 +667,7 @@ class NPOVTask(EvalTask):
     ) -> tuple[dict[str, float | None], list[str]]:
         """Means of the per-input scores, corpus BLEU, the VFR judge's means."""
         notes = []
-        outcomes = scored(outcomes)
+        outcomes = self.scored(outcomes)
         pairs: list[datasets.WNCPair] = [o.item.problem for o in outcomes]
         if executed:
             # A malformed answer changed nothing: scored as the input unchanged.
@@ -617,10 +692,15 @@ class NPOVTask(EvalTask):
             else None
         }
         for key in ("exact_match", "edit_recall", "edit_precision", "pass_through"):
-            found[key] = metrics.mean(g[key] for g in grades if key in g)
+            found[key] = metrics.mean(g.get(key) for g in grades)
         if executed and self.grading_model is not None:
             for key in npov.VFR_KEYS:
-                found[key] = metrics.mean(g[key] for g in grades if key in g)
+                found[key] = metrics.mean(g.get(key) for g in grades)
+            if failed := sum(VFR_FAILED in g for g in grades):
+                notes.append(
+                    f"VFR: {failed} judgments failed (see the log), left out of the "
+                    "VFR means"
+                )
         elif executed:
             notes.append("VFR and the 1-5 scores: need a judge model")
         return found, notes
@@ -650,7 +730,8 @@ class CustomTask(EvalTask):
     """A user's labelled set: rule selection against the labels.
 
     With an executor, inputs that carry a `reference` are also scored: exact match
-    (whitespace-normalised) and corpus BLEU of the answer against it.
+    (whitespace-normalised) and corpus BLEU (sacrebleu's 13a tokenizer) of the
+    answer against it.
     """
 
     name = "custom"
@@ -669,8 +750,11 @@ class CustomTask(EvalTask):
         self, outcomes: Sequence[ItemOutcome], *, units: UnitKind, executed: bool
     ) -> tuple[dict[str, float | None], list[str]]:
         """Rule-selection P/R/F1; the answers against the references (executed)."""
-        outcomes = scored(outcomes)
-        found = _selection(outcomes, {o.item.id: o.item.gold for o in outcomes})
+        outcomes = self.scored(outcomes)
+        found = _selection(
+            [set(_rule_ids(o.units)) for o in outcomes],
+            [set(o.item.gold) for o in outcomes],
+        )
         notes = []
         referenced = [o for o in outcomes if o.item.problem.reference is not None]
         if not referenced:
@@ -682,6 +766,7 @@ class CustomTask(EvalTask):
             found["reference_bleu"] = npov.corpus_bleu(
                 ["" if o.answer is None else str(o.answer) for o in referenced],
                 [str(o.item.problem.reference) for o in referenced],
+                wnc=False,
             )
         else:
             notes.append("answers against the references: need an executor model")
@@ -849,6 +934,12 @@ def load_task(
         RulebookError: The rulebook file cannot be read.
         ValueError: `custom` without `rulebook` and `inputs`.
     """
+    if inputs is not None and name != "custom":
+        msg = f"inputs= is for the custom task, not {name}."
+        raise ValueError(msg)
+    if rulebook is not None and name == "obliqa":
+        msg = "The obliqa task's rules are its passages: it takes no rulebook."
+        raise ValueError(msg)
     if rulebook is not None and not isinstance(rulebook, Rulebook):
         rulebook = Rulebook.load(rulebook)
     if name == "custom":

@@ -45,7 +45,13 @@ from tenacity import (
     Retrying,
 )
 
-from langchain_tag._text import batches, check_text, describe_error, digest
+from langchain_tag._text import (
+    answer_text,
+    batches,
+    check_text,
+    describe_error,
+    digest,
+)
 from langchain_tag.cache import InMemoryVerdictCache, VerdictCache
 from langchain_tag.matching import prompts
 from langchain_tag.matching.limiter import ConcurrencyLimiter
@@ -68,7 +74,7 @@ from langchain_tag.models import (
     CallRetry,
     is_rate_limit,
     model_identity,
-    supports_structured_output,
+    structured_model,
     with_settings,
 )
 from langchain_tag.rules import Rule
@@ -629,22 +635,12 @@ class ApplicabilityJudge(BaseJudge):
     def _output_runnable(
         self, model: BaseChatModel, schema: type[BaseModel]
     ) -> Runnable[Any, Any] | None:
-        wanted = self.structured_output == "always" or (
-            self.structured_output == "auto"
-            and supports_structured_output(model)
-            and model_identity(model) not in _IGNORES_STRUCTURED_OUTPUT
+        return structured_model(
+            model,
+            schema,
+            self.structured_output,
+            ignored=model_identity(model) in _IGNORES_STRUCTURED_OUTPUT,
         )
-        if wanted:
-            try:
-                return model.with_structured_output(schema, include_raw=True)
-            except NotImplementedError:
-                if self.structured_output == "always":
-                    msg = (
-                        f"{type(model).__name__} does not support structured output; "
-                        "use structured_output='auto' or 'never'."
-                    )
-                    raise ValueError(msg) from None
-        return None
 
     def _falls_back(self, error: Exception) -> bool:
         """Whether a structured call's `error` means: read this model's text instead.
@@ -761,10 +757,7 @@ class ApplicabilityJudge(BaseJudge):
         elif isinstance(parsed, ApplicableOutput):
             decision = ParsedVerdict(parsed.applicable, parsed.reason or None)
         else:
-            calls = _tool_calls(raw)
-            answer = raw.text or (
-                json.dumps([c.get("args") for c in calls]) if calls else ""
-            )
+            answer = answer_text(raw)
             parsed_text = parse_verdict(answer, schema=self.profile.output_schema)
             if parsed_text is None:
                 # Deterministic at temperature 0, so not retried.
@@ -1085,11 +1078,6 @@ def _unreadable(answer: str) -> str:
         else ""
     )
     return f"unparseable judge output{kind} {answer[:200]!r}"
-
-
-def _tool_calls(message: BaseMessage) -> list[dict[str, Any]]:
-    calls = getattr(message, "tool_calls", None)
-    return list(calls) if isinstance(calls, list) else []
 
 
 def _warn_failures(verdicts: Sequence[Verdict], total: int) -> None:

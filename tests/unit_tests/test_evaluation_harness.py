@@ -35,9 +35,14 @@ from langchain_tag.evaluation.diagnostic import (
 from langchain_tag.evaluation.embedding_cache import cache_embeddings
 from langchain_tag.evaluation.methods import select_methods, standard_methods
 from langchain_tag.evaluation.runner import EvalResult, aevaluate, run_nba, run_obliqa
-from langchain_tag.evaluation.tasks import humaneval_task, nba_task, obliqa_task
-from langchain_tag.matching import CONDITION_PROFILE, NBA_PROFILE
+from langchain_tag.evaluation.tasks import (
+    ItemOutcome,
+    humaneval_task,
+    nba_task,
+    obliqa_task,
+)
 from langchain_tag.evaluation.usage import CallCounter
+from langchain_tag.matching import CONDITION_PROFILE, NBA_PROFILE
 from langchain_tag.retrievers import rule_document
 from langchain_tag.testing import HashingFakeEmbeddings, RuleAwareFakeChatModel
 
@@ -278,8 +283,10 @@ async def test_a_failing_input_is_counted_not_fatal(nba: NBADataset) -> None:
     assert "boom" in tag.first_error
     # The failed problem is flagged and left out, not scored as finding nothing.
     assert tag.metrics["recall_micro"] == 1.0
-    assert "1 of 3 inputs failed (see failures) and are left out of the quality " \
-        "means" in tag.notes
+    left_out = (
+        "1 of 3 inputs failed (see failures) and are left out of the quality means"
+    )
+    assert left_out in tag.notes
     assert tag.mean_units == 2.0
 
 
@@ -371,7 +378,8 @@ async def test_an_extracted_nba_rulebook_is_scored_through_the_catalogue(
     nba: NBADataset,
 ) -> None:
     task = nba_task(nba, extracted_nba_rulebook(constraints=False))
-    assert task.catalogue_of_rule == {"R-001": "sign_and_trade", "R-002": "rookie_scale"}
+    mapped = {"R-001": "sign_and_trade", "R-002": "rookie_scale"}
+    assert task.catalogue_of_rule == mapped
     assert task.profile.name == CONDITION_PROFILE.name
     results = by_method(
         await aevaluate(task, methods=["oracle", "m1-*"], judge_model=None)
@@ -381,9 +389,30 @@ async def test_an_extracted_nba_rulebook_is_scored_through_the_catalogue(
     assert oracle.metrics["recall_micro"] == 1.0
     assert oracle.mean_units == pytest.approx(2 / 3)
     assert (
-        "rule selection: over the 2 of 3 rules that map onto RuleArena's catalogue"
+        "rule selection: by catalogue label, through the 2 of 3 rules that map onto "
+        "RuleArena's catalogue (2 of its 6 labels)" in oracle.notes
+    )
+    # Problems 2 and 3: no mapped rule covers their gold, so they are left out.
+    assert (
+        "rule selection: 2 inputs left out, no mapped rule covering their gold labels"
         in oracle.notes
     )
+    # M1 gives all 3 rules: the one mapping nowhere is not counted against it.
+    assert results["m1-all-rules"].metrics["precision_micro"] == 1.0
+
+
+def test_rules_mapping_onto_one_label_score_one_hit(nba: NBADataset) -> None:
+    rulebook = extracted_nba_rulebook(constraints=False)
+    twin = rulebook.rules[0].model_copy(update={"rule_id": "R-004"})
+    task = nba_task(nba, Rulebook.from_rules([*rulebook.rules, twin]))
+    chosen = task.items[0]
+    outcomes = [
+        ItemOutcome(chosen, units=[rule_document(rulebook.rules[0])]),
+    ]
+    found, _ = task.quality(outcomes, units="rules", executed=False)
+    # R-001 alone covers sign_and_trade, which its twin R-004 maps onto as well:
+    # one label found of the problem's two (rookie_scale missed), not one of three.
+    assert (found["precision_micro"], found["recall_micro"]) == (1.0, 0.5)
     assert nba_task(nba, extracted_nba_rulebook(constraints=True)).profile is (
         NBA_PROFILE
     )
@@ -501,8 +530,10 @@ async def test_executor_gets_the_assumptions_but_retrieval_does_not(
     # Unreadable answers are the method's: scored wrong, not left out as failures.
     assert (result.malformed, result.failures) == (3, 0)
     assert any(
-        note.startswith("3 executor answers malformed, scored as wrong (the first: "
-                        "OutputParserException")
+        note.startswith(
+            "3 executor answers malformed, scored as wrong (the first: "
+            "OutputParserException"
+        )
         for note in result.notes
     )
     assert result.metrics["strict_accuracy"] == 0.0
@@ -577,6 +608,30 @@ async def test_humaneval_pass_at_1_and_pylint() -> None:
         in results["m1-all-rules"].notes
     )
     assert results["oracle"].status == "skipped"
+
+
+async def test_an_unparseable_answer_scores_pylint_zero() -> None:
+    problems = [
+        HumanEvalProblem(
+            task_id=f"HumanEval/{n}",
+            prompt=f'def add{n}(a: int, b: int) -> int:\n    """Add."""\n',
+            entry_point=f"add{n}",
+            canonical_solution="    return a + b\n",
+            test="def check(candidate):\n    assert candidate(2, 3) == 5\n",
+        )
+        for n in range(2)
+    ]
+    good = '"""Addition."""\n\n\ndef add0(a: int, b: int) -> int:\n    """Add."""\n'
+    answers = [AIMessage(good + "    return a + b\n"), AIMessage("def add1(a, b)\n")]
+    executor = GenericFakeChatModel(messages=iter(answers))
+    [m0] = await aevaluate(
+        humaneval_task(problems, "PEP 8."), methods=["m0-*"], executor_model=executor
+    )
+    # The second answer has no parseable code: a wrong answer, pylint 0 in the
+    # mean (the method), not an input left out.
+    assert (m0.malformed, m0.failures) == (1, 0)
+    assert m0.metrics["pass_at_1"] == 0.5
+    assert m0.metrics["pylint"] == 5.0
 
 
 def test_diagnose_scores_the_prefilter_scorers(nba: NBADataset) -> None:
@@ -710,7 +765,8 @@ def test_report_files(tmp_path: Path) -> None:
     assert "## ObliQA sample" in markdown
     assert "| oracle | rules | 3 | 1.000 | 1.000 | 1.000 | 30 | 10.000 |" in markdown
     assert "strict acc." not in markdown  # measured by nobody: column left out
-    assert "Note: strict accuracy: needs an executor model." in markdown
+    # A note of some methods names them; one of every method does not.
+    assert ": strict accuracy: needs an executor model." in markdown
     assert "Failures of m2-chunks-k5: 1, the first: retrieval: boom" in markdown
     assert "- tag: needs a judge model" in markdown
     with files.csv.open() as handle:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.messages import AIMessage
 
 from langchain_tag import Rule, Rulebook, cli
 from langchain_tag.evaluation import report
@@ -21,7 +22,8 @@ from langchain_tag.evaluation.datasets import (
     load_labelled,
     load_wnc,
 )
-from langchain_tag.evaluation.methods import SUITES, standard_methods
+from langchain_tag.evaluation.estimate import estimate_methods
+from langchain_tag.evaluation.methods import SUITES, select_methods, standard_methods
 from langchain_tag.evaluation.runner import EvalResult, aevaluate
 from langchain_tag.evaluation.suites import VARIANTS, aphase_ablation
 from langchain_tag.evaluation.tasks import custom_task, load_task, npov_task
@@ -131,6 +133,36 @@ async def test_every_npov_method_and_the_vfr_judge_run_end_to_end() -> None:
     table = report.markdown_table(list(results.values()))
     assert "## NPOV rewriting (WNC sample)" in table
     assert "| VFR |" in table or " VFR " in table
+
+
+async def test_npov_estimate_bounds_the_vfr_calls_and_counts_the_rest() -> None:
+    model = npov_fake(PAIRS)
+    task = npov_task(PAIRS)
+    names = ["m0-*", "tag", "tag-b5", "rules-sim"]
+    results = by_method(
+        await aevaluate(
+            task,
+            methods=names,
+            judge_model=model,
+            executor_model=model,
+            embeddings=HashingFakeEmbeddings(),
+        )
+    )
+    estimates = estimate_methods(
+        task,
+        select_methods(standard_methods("npov"), names),
+        judge=True,
+        cheap_judge=False,
+        executor=True,
+        embeddings=HashingFakeEmbeddings(),
+    )
+    for found in estimates:
+        result = results[found.method]
+        assert found.judge_calls + found.executor_calls == result.llm_calls
+        # The VFR judge skips copies: one grading call per input at most.
+        assert found.grader_calls == len(PAIRS) >= result.grader_calls
+        assert not found.exact_calls
+    assert results["m0-no-retrieval"].grader_calls == 0
 
 
 async def test_npov_2x2_suite_reports_units_by_selection() -> None:
@@ -331,3 +363,76 @@ def test_cli_suite_options_are_checked(capsys: pytest.CaptureFixture[str]) -> No
     assert "--suite phases extracts" in capsys.readouterr().err
     assert cli.main(["eval", "nba", "--suite", "2x2", "--methods", "tag"]) == 2
     assert "--suite chooses the methods" in capsys.readouterr().err
+
+
+async def test_every_input_failing_is_reported_not_a_crash() -> None:
+    rulebook = labelled_rulebook()
+    down = {rule.rule_id: [ValueError("down")] * 10 for rule in rulebook.rules}
+    task = custom_task(
+        rulebook, [LabelledInput(id="a", input="refund me", applicable=("R0",))]
+    )
+    results = by_method(
+        await aevaluate(
+            task,
+            methods=["tag", "rules-sim"],
+            judge_model=RuleAwareFakeChatModel(faults=down),
+            embeddings=HashingFakeEmbeddings(),
+        )
+    )
+    tag = results["tag"]
+    assert (tag.status, tag.failures, tag.metrics) == ("ok", 1, {})
+    assert "rules-sim: k=10, since every input of TAG failed" in (
+        results["rules-sim"].notes
+    )
+
+
+class UnreadableVFR(NPOVFakeChatModel):
+    """Answers the VFR judge with prose it cannot read."""
+
+    def _answer(self, prompt: str) -> Any:
+        if "The rewrite to grade" in prompt:
+            return AIMessage("I think it is better now.")
+        return super()._answer(prompt)
+
+
+async def test_a_failed_vfr_judgment_keeps_the_llm_free_scores() -> None:
+    model = UnreadableVFR(neutral={p.biased: p.neutral for p in PAIRS})
+    [tag] = await aevaluate(
+        npov_task(PAIRS),
+        methods=["tag"],
+        judge_model=model,
+        executor_model=model,
+        embeddings=HashingFakeEmbeddings(),
+    )
+    assert tag.failures == 0
+    assert tag.metrics["exact_match"] == 1.0
+    # p1 and p2 were rewritten and their judgments failed; p3's copy passed
+    # through without a call (VFR 0).
+    assert tag.metrics["vfr"] == 0.0
+    assert "VFR: 2 judgments failed (see the log), left out of the VFR means" in (
+        tag.notes
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["all", "--rulebook", "r.json"], "--rulebook: not an option of tag eval all"),
+        (
+            ["nba", "--suite", "phases", "--nba-rulebook", "r.json"],
+            "drop --nba-rulebook",
+        ),
+        (["nba", "--suite", "phases", "--estimate"], "drop --estimate"),
+        (
+            ["custom", "--rulebook", "r", "--inputs", "i", "--suite", "2x2"],
+            "a custom task has only its rulebook",
+        ),
+        (["nba", "--estimate", "--price-in", "1"], "go together"),
+        (["nba", "--estimate", "--price-in", "1", "--price-out", "-1"], ">= 0"),
+    ],
+)
+def test_cli_refuses_options_a_run_would_ignore(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["eval", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -55,7 +55,7 @@ EXPECTED_ALL = {
         "configured_model",
         "default_chat_model",
         "model_identity",
-        "supports_structured_output",
+        "structured_model",
         "with_settings",
     ],
     "langchain_tag.cache": [
@@ -197,7 +197,6 @@ EXPECTED_ALL = {
         "corpus_bleu",
         "edit_scores",
         "exact_match",
-        "mean_defined",
         "normalize_wnc",
         "passes_through",
         "vfr_messages",

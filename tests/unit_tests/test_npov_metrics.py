@@ -29,6 +29,7 @@ from langchain_tag.evaluation.datasets import (
     load_nba,
     load_wnc,
 )
+from langchain_tag.evaluation.metrics import mean
 from langchain_tag.evaluation.npov import (
     PASS_THROUGH_THRESHOLD,
     VFR_KEYS,
@@ -41,7 +42,6 @@ from langchain_tag.evaluation.npov import (
     corpus_bleu,
     edit_scores,
     exact_match,
-    mean_defined,
     normalize_wnc,
     passes_through,
     vfr_messages,
@@ -321,8 +321,8 @@ def test_identity_baseline_on_the_dev_pairs(pairs: list[WNCPair]) -> None:
     scores = [edit_scores(p.biased, p.neutral, p.biased) for p in pairs]
     recalls = [s.recall for s in scores]
     assert sum(r is not None for r in recalls) == 932
-    assert mean_defined(recalls) == 0.0
-    assert mean_defined(s.precision for s in scores) == 1.0
+    assert mean(recalls) == 0.0
+    assert mean(s.precision for s in scores) == 1.0
     # A copy always passes through the guard.
     assert all(passes_through(p.biased, p.biased) for p in pairs)
 
@@ -366,8 +366,8 @@ def test_edit_scores_on_a_small_pair() -> None:
     assert scores.precision == 1.0
     replaced = edit_scores("a great film", "a film", "a nice movie")
     assert (replaced.recall, replaced.precision) == (1.0, 0.5)
-    assert mean_defined([None, 1.0, 0.0]) == 0.5
-    assert mean_defined([None]) is None
+    assert mean([None, 1.0, 0.0]) == 0.5
+    assert mean([None]) is None
 
 
 def test_corpus_bleu_checks_its_input() -> None:
