@@ -453,13 +453,7 @@ class TAGRetriever(BaseRetriever):
         started = time.perf_counter()
         call = self._call_of(query, kwargs)
         child: RunnableConfig = {"callbacks": run_manager.get_child()}
-        candidates = self._filtered(call.rule_filter)
-        explored: list[str] = []
-        if (split := self._partitioned(query, candidates)) is not None:
-            candidates, explored = split
-        elif self.prefilter is not None and candidates:
-            shortlist = self.prefilter.invoke(query, child)
-            candidates = self._shortlisted(candidates, shortlist)
+        candidates, explored = self.candidates(query, call.rule_filter, child)
         verdicts = self.judge.judge_rules(
             query,
             candidates,
@@ -481,13 +475,7 @@ class TAGRetriever(BaseRetriever):
         started = time.perf_counter()
         call = self._call_of(query, kwargs)
         child: RunnableConfig = {"callbacks": run_manager.get_child()}
-        candidates = self._filtered(call.rule_filter)
-        explored: list[str] = []
-        if (split := self._partitioned(query, candidates)) is not None:
-            candidates, explored = split
-        elif self.prefilter is not None and candidates:
-            shortlist = await self.prefilter.ainvoke(query, child)
-            candidates = self._shortlisted(candidates, shortlist)
+        candidates, explored = await self.acandidates(query, call.rule_filter, child)
         verdicts = await self.judge.ajudge_rules(
             query,
             candidates,
@@ -501,6 +489,41 @@ class TAGRetriever(BaseRetriever):
         return result.documents
 
     # -- the steps around the judgments -----------------------------------------------
+
+    def candidates(
+        self,
+        query: str,
+        rule_filter: RuleFilter | None = None,
+        config: RunnableConfig | None = None,
+    ) -> tuple[list[Rule], list[str]]:
+        """The rules a retrieval of `query` judges, and the ids of those explored.
+
+        The rules passing `rule_filter`, then those the prefilter keeps: a learned
+        prefilter's kept rules plus the skipped ones explored in the shadow (their
+        ids, second), or a similarity prefilter's shortlist. No model is called.
+        """
+        candidates = self._filtered(rule_filter)
+        if (split := self._partitioned(query, candidates)) is not None:
+            return split
+        if self.prefilter is None or not candidates:
+            return candidates, []
+        shortlist = self.prefilter.invoke(query, config)
+        return self._shortlisted(candidates, shortlist), []
+
+    async def acandidates(
+        self,
+        query: str,
+        rule_filter: RuleFilter | None = None,
+        config: RunnableConfig | None = None,
+    ) -> tuple[list[Rule], list[str]]:
+        """Async `candidates`: the prefilter runs without blocking the loop."""
+        candidates = self._filtered(rule_filter)
+        if (split := self._partitioned(query, candidates)) is not None:
+            return split
+        if self.prefilter is None or not candidates:
+            return candidates, []
+        shortlist = await self.prefilter.ainvoke(query, config)
+        return self._shortlisted(candidates, shortlist), []
 
     def _call_of(self, query: str, kwargs: Mapping[str, Any]) -> _Call:
         call = kwargs.get(_CALL)

@@ -257,15 +257,6 @@ def _check_task_options(args: argparse.Namespace) -> None:
     if given:
         msg = f"{', '.join(given)}: not an option of tag eval {args.task}."
         raise CommandError(msg)
-    if args.suite == "phases" and (
-        args.offline or args.task not in ("nba", "humaneval", "npov")
-    ):
-        msg = (
-            "--suite phases extracts a rulebook per ablation from the task's "
-            "document with the judge model: use it without --offline, on one of "
-            "nba, humaneval, npov."
-        )
-        raise CommandError(msg)
     if args.suite and args.methods:
         msg = "--suite chooses the methods; drop --methods."
         raise CommandError(msg)
@@ -282,6 +273,13 @@ def _check_suite(args: argparse.Namespace) -> None:
         raise CommandError(msg)
     if args.suite != "phases":
         return
+    if args.offline or args.task not in ("nba", "humaneval", "npov"):
+        msg = (
+            "--suite phases extracts a rulebook per ablation from the task's "
+            "document with the judge model: use it without --offline, on one of "
+            "nba, humaneval, npov."
+        )
+        raise CommandError(msg)
     ignored = [
         f"--{option.replace('_', '-')}"
         for option in (
@@ -357,16 +355,10 @@ def _patterns(args: argparse.Namespace, loaded: Sequence[EvalTask]) -> list[str]
     patterns: list[str] = args.methods.split(",")
     # Check the patterns against every task's methods; each task then runs those
     # it has (prefilter sizes differ between tasks).
-    methods.select_methods([m for task in loaded for m in _methods_of(task)], patterns)
-    return patterns
-
-
-def _methods_of(task: EvalTask) -> list[Method]:
-    from langchain_tag.evaluation import methods  # noqa: PLC0415 - heavy
-
-    return methods.standard_methods(
-        task.name, len(task.rulebook.rules) if task.rulebook else None
+    methods.select_methods(
+        [m for task in loaded for m in methods.methods_for(task)], patterns
     )
+    return patterns
 
 
 def run_eval_command(args: argparse.Namespace) -> int:
@@ -402,7 +394,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
 def _selected(task: EvalTask, patterns: list[str] | None) -> list[Method]:
     from langchain_tag.evaluation import methods  # noqa: PLC0415 - heavy
 
-    chosen = _methods_of(task)
+    chosen = methods.methods_for(task)
     return (
         chosen
         if patterns is None

@@ -802,18 +802,15 @@ def load_labelled(path: str | os.PathLike[str]) -> list[LabelledInput]:
         msg = f"No labelled inputs at {source}: pass the JSON-lines file's path."
         raise DataNotFoundError(msg)
 
-    def build(numbered: tuple[int, Any]) -> LabelledInput:
-        number, record = numbered
+    def build(located: tuple[str, Any]) -> LabelledInput:
+        where, record = located  # "line N": the default id is "line-N"
         if not isinstance(record, dict):
             msg = 'not a JSON object {"input": ..., "applicable": [...]}'
             raise TypeError(msg)
-        return LabelledInput.model_validate({"id": f"line-{number}", **record})
+        return LabelledInput.model_validate({"id": where.replace(" ", "-"), **record})
 
     with source.open(encoding="utf-8") as lines:
-        records = [
-            (where, (int(where.split()[1]), record))
-            for where, record in _json_lines(source, lines)
-        ]
+        records = [(where, (where, r)) for where, r in _json_lines(source, lines)]
     inputs = _build_all(source, records, build)
     if not inputs:
         msg = f"{source} holds no labelled input."

@@ -14,7 +14,7 @@ single call is paid for. The figures come from the real code, not from a formula
   executor prompts are then exact).
 - Each judge call is rendered with the judge's own prompt (`messages`, or
   `batch_messages` for the rules-per-call methods, split into calls by the
-  judge's own `_units`), each LLMChainFilter call with LangChain's filter prompt,
+  judge's own `call_units`), each LLMChainFilter call with LangChain's filter prompt,
   each executor call with `ActionOnlyExecutor.messages`, each grader call with
   `EvalTask.grading_prompts`; their tokens are counted (`token_counter`).
 
@@ -400,7 +400,7 @@ class _Walker:
         cost = _Cost()
         free = isinstance(judge.llm, OracleChatModel)
         # The judge's own split into calls (rules_per_call at a time).
-        for unit in judge._units(rules):  # noqa: SLF001
+        for unit in judge.call_units(rules):
             asked = [rule for rule in unit if self._first_time(judge, text, rule)]
             if not asked:
                 continue
@@ -445,17 +445,6 @@ class _Walker:
         # Selects without a model (the placeholder refuses any call): run it.
         return _Retrieval(units=list(retriever.invoke(item.text)))
 
-    def _candidates(self, tag: TAGRetriever, text: str) -> list[Rule]:
-        """The rules `tag` would judge for `text`: filtered, prefiltered, explored."""
-        # The retriever's own steps, so the shortlist is exactly the run's.
-        candidates = tag._filtered(tag.filter)  # noqa: SLF001
-        if (split := tag._partitioned(text, candidates)) is not None:  # noqa: SLF001
-            return split[0]
-        if tag.prefilter is not None and candidates:
-            shortlist = tag.prefilter.invoke(text)
-            return tag._shortlisted(candidates, shortlist)  # noqa: SLF001
-        return candidates
-
     def _tag(
         self,
         tag: TAGRetriever,
@@ -463,7 +452,8 @@ class _Walker:
         *,
         chunks: Sequence[Document] | None = None,
     ) -> _Retrieval:
-        candidates = self._candidates(tag, item.text)
+        # The retriever's own steps, so the shortlist is exactly the run's.
+        candidates, _ = tag.candidates(item.text, tag.filter)
         cost = self.judge(tag.judge, item.text, candidates)
         chosen, known = self._selected(tag, item, candidates, chunks=chunks is not None)
         if tag.k is not None:

@@ -58,6 +58,7 @@ __all__ = [
     "Requirement",
     "Scorer",
     "ShortlistedRules",
+    "methods_for",
     "prefilter_sizes",
     "select_methods",
     "standard_methods",
@@ -522,6 +523,13 @@ def standard_methods(task: TaskName, n_rules: int | None = None) -> list[Method]
             notes=(LEARNED_NOTES["oracle"],),
         ),
     ]
+
+
+def methods_for(task: EvalTask) -> list[Method]:
+    """`standard_methods` of `task`, sized by its rulebook."""
+    return standard_methods(
+        task.name, len(task.rulebook.rules) if task.rulebook else None
+    )
 
 
 def select_methods(

@@ -38,8 +38,8 @@ from langchain_tag.evaluation.methods import (
     Family,
     Method,
     MethodContext,
+    methods_for,
     select_methods,
-    standard_methods,
 )
 from langchain_tag.evaluation.metrics import mean
 from langchain_tag.evaluation.tasks import (
@@ -48,7 +48,6 @@ from langchain_tag.evaluation.tasks import (
     EvalTask,
     FailedInputs,
     ItemOutcome,
-    Step,
     TaskName,
     UnitKind,
     load_task,
@@ -68,6 +67,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_Step = Literal["retrieval", "execution", "grading"]
 
 _METRIC_KEYS = [metric.key for task in METRICS.values() for metric in task]
 
@@ -213,9 +214,7 @@ async def aevaluate(task: EvalTask, **options: Unpack[RunOptions]) -> list[EvalR
     the inputs of a method run concurrently, at most `max_concurrency` at once.
     """
     context = method_context(task, **options)
-    methods = standard_methods(
-        task.name, len(task.rulebook.rules) if task.rulebook else None
-    )
+    methods = methods_for(task)
     if options.get("methods"):
         methods = select_methods(methods, options["methods"] or ())
     executor_model = options.get("executor_model")
@@ -332,7 +331,9 @@ async def _evaluate_method(
             f"rulebook: curated, written by hand from {curated['document']} "
             "(not extracted)"
         )
-    retrieved = [o for o in outcomes if o.failed_at != "retrieval"]
+    # Over the inputs that did not fail, so TAG's picks are counted over as many
+    # inputs as `tag_picks` says.
+    succeeded = [o for o in outcomes if o.error is None]
     reported = retrieval.reported or execution.reported
     return _result(
         task,
@@ -350,10 +351,9 @@ async def _evaluate_method(
         else None,
         wall_seconds=wall_seconds,
         setup_seconds=setup_seconds,
-        # Over the inputs whose retrieval succeeded: what was given to execute.
-        mean_units=mean(len(o.units) for o in retrieved),
+        mean_units=mean(len(o.units) for o in succeeded),
         mean_context_chars=mean(
-            sum(len(d.page_content) for d in o.units) for o in retrieved
+            sum(len(d.page_content) for d in o.units) for o in succeeded
         ),
         malformed=len(unreadable),
         failures=len(errors),
@@ -377,7 +377,7 @@ async def _run_item(
 ) -> ItemOutcome:
     """Retrieve and execute one input; a failing step ends it, recorded."""
     outcome = ItemOutcome(item)
-    step: Step = "retrieval"
+    step: _Step = "retrieval"
     try:
         outcome.units = await retriever.ainvoke(
             item.text, {"callbacks": [retrieval], "run_name": method.name}
@@ -409,9 +409,8 @@ async def _grade(
 
 
 def _failed(
-    task: EvalTask, method: Method, outcome: ItemOutcome, step: Step, error: Exception
+    task: EvalTask, method: Method, outcome: ItemOutcome, step: _Step, error: Exception
 ) -> None:
-    outcome.failed_at = step
     outcome.error = f"{step}: {type(error).__name__}: {error}"
     logger.warning(
         "%s %s %s: %s", task.name, method.name, outcome.item.id, outcome.error

@@ -75,7 +75,6 @@ __all__ = [
     "NBATask",
     "NPOVTask",
     "ObliQATask",
-    "Step",
     "TaskName",
     "UnitKind",
     "catalogue_id",
@@ -97,9 +96,6 @@ NBA_LEVELS = (0, 1, 2)
 UnitKind = Literal["rules", "chunks", "passages"]
 """What a method hands the executor: rules' actions, text chunks, or whole passages
 (ObliQA's passage rulebook)."""
-
-Step = Literal["retrieval", "execution", "grading"]
-"""The steps an input goes through for a method."""
 
 FailedInputs = Literal["excluded", "wrong"]
 """What quality metrics make of an input that failed (see `EvalTask.failed_inputs`)."""
@@ -199,8 +195,6 @@ class ItemOutcome:
     grade: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     """Why the input failed (retrieval, a provider error, grading): left out."""
-    failed_at: Step | None = None
-    """The step that failed, with `error`."""
     malformed: str | None = None
     """Why the executor's answer could not be parsed: a wrong answer, scored as one
     (the method's output, unlike a provider's error)."""
@@ -515,6 +509,16 @@ class ObliQATask(EvalTask):
             for rule in (self.rulebook.rules if self.rulebook else ())
         }
 
+    def with_rulebook(self, rulebook: Rulebook) -> Self:
+        """Refused: ObliQA's rules are its passages, mapped back when built.
+
+        Raises:
+            ValueError: Always.
+        """
+        del rulebook
+        msg = "The obliqa task's rules are its passages: it takes no other rulebook."
+        raise ValueError(msg)
+
     def gold_rules(self) -> dict[str, frozenset[str]] | None:
         """Question id -> the rules whose passages include a gold passage."""
         if self.rulebook is None:
@@ -623,9 +627,18 @@ class NPOVTask(EvalTask):
     name = "npov"
     template = NPOV_TEMPLATE
 
+    _vfr_judge: npov.VFRJudge | None = field(default=None, init=False, repr=False)
+
     def gold_rules(self) -> dict[str, frozenset[str]] | None:
         """WNC pairs carry no rule labels."""
         return None
+
+    def vfr_judge(self, llm: BaseChatModel) -> npov.VFRJudge:
+        """The VFR judge on `llm`, built once per model (not once per rewrite)."""
+        judge = self._vfr_judge
+        if judge is None or judge.llm is not llm:
+            judge = self._vfr_judge = npov.VFRJudge(llm=llm)
+        return judge
 
     async def grade(
         self, item: EvalItem, answer: Any, config: RunnableConfig | None = None
@@ -637,7 +650,7 @@ class NPOVTask(EvalTask):
         if self.grading_model is None:
             return found
         try:
-            judged = await npov.VFRJudge(llm=self.grading_model).ajudge(
+            judged = await self.vfr_judge(self.grading_model).ajudge(
                 pair.biased,
                 npov.violation_description(pair.biased, pair.neutral),
                 result.rewrite,
@@ -836,11 +849,12 @@ def npov_task(
     """NPOV rewriting on WNC pairs over the shipped NPOV policy.
 
     `rulebook` defaults to the curated one written from that policy (labelled
-    curated); pass an extracted rulebook (`tag extract`) for the method's setup.
+    curated); pass an extracted rulebook (`tag extract`) for the method's setup,
+    judged with the profile its rules need (`with_rulebook`).
     """
-    return NPOVTask(
+    task = NPOVTask(
         [EvalItem(pair.id, pair.biased, frozenset(), pair) for pair in pairs],
-        rulebook=curated_rulebook("npov") if rulebook is None else rulebook,
+        rulebook=curated_rulebook("npov"),
         documents=[
             Document(
                 resource_text(document_name("npov")),
@@ -848,6 +862,7 @@ def npov_task(
             )
         ],
     )
+    return task if rulebook is None else task.with_rulebook(rulebook)
 
 
 def custom_task(
@@ -900,13 +915,17 @@ def humaneval_task(
     *,
     timeout: float = 10.0,
 ) -> HumanEvalTask:
-    """HumanEval + PEP 8 over a PEP 8 rulebook (default the curated one shipped)."""
-    return HumanEvalTask(
+    """HumanEval + PEP 8 over a PEP 8 rulebook (default the curated one shipped).
+
+    Another `rulebook` is judged with the profile its rules need (`with_rulebook`).
+    """
+    task = HumanEvalTask(
         [EvalItem(p.task_id, p.prompt, frozenset(), p) for p in problems],
-        rulebook=curated_rulebook("pep8") if rulebook is None else rulebook,
+        rulebook=curated_rulebook("pep8"),
         documents=[Document(pep8_text, metadata={"source": "pep-0008.rst"})],
         timeout=timeout,
     )
+    return task if rulebook is None else task.with_rulebook(rulebook)
 
 
 def load_task(
@@ -932,13 +951,11 @@ def load_task(
     Raises:
         DataNotFoundError: The data directory or a file of the task is missing.
         RulebookError: The rulebook file cannot be read.
-        ValueError: `custom` without `rulebook` and `inputs`.
+        ValueError: `custom` without `rulebook` and `inputs`; `inputs` for another
+            task; a `rulebook` for obliqa (its rules are its passages).
     """
     if inputs is not None and name != "custom":
         msg = f"inputs= is for the custom task, not {name}."
-        raise ValueError(msg)
-    if rulebook is not None and name == "obliqa":
-        msg = "The obliqa task's rules are its passages: it takes no rulebook."
         raise ValueError(msg)
     if rulebook is not None and not isinstance(rulebook, Rulebook):
         rulebook = Rulebook.load(rulebook)
@@ -950,7 +967,8 @@ def load_task(
     if name == "nba":
         return nba_task(datasets.load_nba(data_dir), rulebook)
     if name == "obliqa":
-        return obliqa_task(datasets.load_obliqa(data_dir))
+        task = obliqa_task(datasets.load_obliqa(data_dir))
+        return task if rulebook is None else task.with_rulebook(rulebook)
     if name == "npov":
         return npov_task(datasets.load_wnc(data_dir), rulebook)
     return humaneval_task(

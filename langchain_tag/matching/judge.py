@@ -355,9 +355,12 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         """Async `judge_pair`."""
         return await self._ajudge(request, None, config)
 
-    # A fan-out runs units of work, each holding one concurrency slot: one rule per
-    # unit unless a judge judges several rules in one call.
-    def _units(self, rules: Sequence[Rule]) -> list[Sequence[Rule]]:
+    def call_units(self, rules: Sequence[Rule]) -> list[Sequence[Rule]]:
+        """The rules of each unit of work of a fan-out over `rules`, in order.
+
+        Each unit holds one concurrency slot and is one model call at most: one
+        rule per unit unless a judge judges several rules in one call.
+        """
         return [[rule] for rule in rules]
 
     def _judge_unit(
@@ -436,7 +439,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
                     failed.set()
                     raise
 
-        units = self._units(rules)
+        units = self.call_units(rules)
         workers = min(len(units), limiter.bound or _MAX_THREADS)
         with ContextThreadPoolExecutor(max_workers=workers) as executor:
             futures = [executor.submit(judge_one, unit) for unit in units]
@@ -483,7 +486,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
                 _FAN_OUT.set(_FanOut(limiter))  # each task runs in a context copy
                 return await self._ajudge_unit(text, unit, config)
 
-        tasks = [asyncio.ensure_future(judge_one(u)) for u in self._units(rules)]
+        tasks = [asyncio.ensure_future(judge_one(u)) for u in self.call_units(rules)]
         try:
             verdicts = [v for unit in await asyncio.gather(*tasks) for v in unit]
         except BaseException:
@@ -902,7 +905,8 @@ class ApplicabilityJudge(BaseJudge):
 
     # -- several rules per call -------------------------------------------------------
 
-    def _units(self, rules: Sequence[Rule]) -> list[Sequence[Rule]]:
+    def call_units(self, rules: Sequence[Rule]) -> list[Sequence[Rule]]:
+        """`rules_per_call` rules per unit."""
         return list(batches(rules, self.rules_per_call))
 
     def batch_messages(self, text: str, rules: Sequence[Rule]) -> list[BaseMessage]:
