@@ -20,6 +20,8 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from langchain_tag.query_graph import checkpoint_serializer
+
 URI_VARIABLE = "TAG_POSTGRES_URI"
 POOL_SIZE = 10
 """Connections at most: concurrent runs share them instead of queueing on one."""
@@ -49,6 +51,6 @@ async def postgres_checkpointer() -> AsyncIterator[AsyncPostgresSaver]:
         kwargs=connection,
         open=False,
     ) as pool:
-        saver = AsyncPostgresSaver(pool)
+        saver = AsyncPostgresSaver(pool, serde=checkpoint_serializer())
         await saver.setup()
         yield saver

@@ -4,8 +4,10 @@ Retrieve the rules whose condition an input satisfies, judged pairwise by an LLM
 never sees the rules' actions, instead of the passages most similar to the input.
 
 The method's stages are sub-packages: `extraction` (documents -> rulebook),
-`matching` (the judge, the cascade, prefilters and the rule store) and `execution`
-(the action-only executor); `retrievers` and `query_graph` assemble them. This
+`matching` (the judge, the cascade, prefilters and the rule store), `learning` (the
+verdict log and the prefilter learned from it) and `execution` (the action-only
+executor). `engine` runs the online stage once for every face: `retrievers`
+(`TAGRetriever`) and `query_graph`. This
 module re-exports the few names most programs need.
 """
 
@@ -13,6 +15,8 @@ from importlib import import_module, metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from langchain_tag.engine import MatchResult
+    from langchain_tag.errors import TAGError
     from langchain_tag.execution import ActionOnlyExecutor
     from langchain_tag.extraction import (
         aextract_rules,
@@ -27,7 +31,7 @@ if TYPE_CHECKING:
     )
     from langchain_tag.models import ModelNotConfiguredError
     from langchain_tag.query_graph import build_query_graph
-    from langchain_tag.retrievers import MatchResult, TAGRetriever
+    from langchain_tag.retrievers import TAGRetriever
     from langchain_tag.rules import Rule, Rulebook, RulebookError
 
 # Loaded on first use: importing everything costs about a second (LangGraph, the
@@ -38,11 +42,12 @@ _LAZY = {
     "ApplicabilityJudge": "langchain_tag.matching",
     "CascadeJudge": "langchain_tag.matching",
     "JudgmentError": "langchain_tag.matching",
-    "MatchResult": "langchain_tag.retrievers",
+    "MatchResult": "langchain_tag.engine",
     "ModelNotConfiguredError": "langchain_tag.models",
     "Rule": "langchain_tag.rules",
     "Rulebook": "langchain_tag.rules",
     "RulebookError": "langchain_tag.rules",
+    "TAGError": "langchain_tag.errors",
     "TAGRetriever": "langchain_tag.retrievers",
     "Verdict": "langchain_tag.matching",
     "aextract_rules": "langchain_tag.extraction",
@@ -75,6 +80,7 @@ __all__ = [
     "Rule",
     "Rulebook",
     "RulebookError",
+    "TAGError",
     "TAGRetriever",
     "Verdict",
     "__version__",

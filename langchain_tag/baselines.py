@@ -48,6 +48,7 @@ from langchain_text_splitters import RecursiveCharacterTextSplitter
 from pydantic import Field, PrivateAttr, field_validator
 
 from langchain_tag._text import digest
+from langchain_tag.engine import rule_document
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     ApplicabilityJudge,
@@ -56,7 +57,7 @@ from langchain_tag.matching import (
 )
 from langchain_tag.matching.store import sync_documents
 from langchain_tag.models import default_chat_model, with_settings
-from langchain_tag.retrievers import TAGRetriever, rule_document
+from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.rules import Rule, Rulebook
 
 if TYPE_CHECKING:

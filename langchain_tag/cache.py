@@ -1,58 +1,37 @@
-"""Verdict caches: one judgment per (input, judged rule fields, model) is enough.
+"""Verdict and answer caches: LangChain `BaseStore[str, str]`s.
 
-The caches store verdicts serialised as JSON strings under opaque keys; the judge
-builds the keys and decides what is stored. It stores only successful verdicts: a
-failed judgment is retried the next time instead of turning into a remembered NO.
+The judge (`cache=`) and extraction (`answers=`) take any `BaseStore[str, str]`
+(`mget`/`mset`/`mdelete`/`yield_keys` and their async twins): the bounded LRU
+`InMemoryVerdictCache` (the judge's default), the persistent `SQLiteVerdictCache`,
+or a LangChain store of your own. Values are opaque strings under opaque keys (a
+verdict's JSON, a model's answer); the caller builds the keys and decides what is
+stored. The judge stores only successful verdicts: a failed judgment is retried the
+next time instead of turning into a remembered NO.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sqlite3
 import threading
 import time
-from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from langchain_core.stores import BaseStore
 
 __all__ = [
     "InMemoryVerdictCache",
     "SQLiteVerdictCache",
-    "VerdictCache",
 ]
 
 
-class VerdictCache(ABC):
-    """Where verdicts are remembered, keyed by an opaque string."""
-
-    @abstractmethod
-    def lookup(self, key: str) -> str | None:
-        """The stored verdict for `key`, or None."""
-
-    @abstractmethod
-    def update(self, key: str, value: str) -> None:
-        """Store a serialised verdict under `key`."""
-
-    @abstractmethod
-    def clear(self) -> None:
-        """Forget every stored verdict."""
-
-    async def alookup(self, key: str) -> str | None:
-        """Async `lookup`; runs in a worker thread unless overridden."""
-        return await asyncio.to_thread(self.lookup, key)
-
-    async def aupdate(self, key: str, value: str) -> None:
-        """Async `update`; runs in a worker thread unless overridden."""
-        await asyncio.to_thread(self.update, key, value)
-
-
-class InMemoryVerdictCache(VerdictCache):
-    """A bounded, thread-safe LRU cache in process memory (the default)."""
+class InMemoryVerdictCache(BaseStore[str, str]):
+    """A bounded, thread-safe LRU store in process memory (the judge's default)."""
 
     def __init__(self, maxsize: int = 100_000) -> None:
-        """Keep at most `maxsize` verdicts, evicting the least recently used."""
+        """Keep at most `maxsize` values, evicting the least recently used."""
         if maxsize < 1:
             msg = f"maxsize must be at least 1, got {maxsize}"
             raise ValueError(msg)
@@ -61,33 +40,53 @@ class InMemoryVerdictCache(VerdictCache):
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        """Number of stored verdicts."""
+        """Number of stored values."""
         return len(self._data)
 
-    def lookup(self, key: str) -> str | None:  # noqa: D102
+    def mget(self, keys: Sequence[str]) -> list[str | None]:
+        """The values of `keys` (None where missing); each hit becomes most recent."""
         with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-        return value
+            values = [self._data.get(key) for key in keys]
+            for key, value in zip(keys, values, strict=True):
+                if value is not None:
+                    self._data.move_to_end(key)
+        return values
 
-    def update(self, key: str, value: str) -> None:  # noqa: D102
+    def mset(self, key_value_pairs: Sequence[tuple[str, str]]) -> None:
+        """Store the pairs, evicting the least recently used beyond `maxsize`."""
         with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
+            for key, value in key_value_pairs:
+                self._data[key] = value
+                self._data.move_to_end(key)
             while len(self._data) > self.maxsize:
                 self._data.popitem(last=False)
 
-    def clear(self) -> None:  # noqa: D102
+    def mdelete(self, keys: Sequence[str]) -> None:
+        """Forget `keys`."""
+        with self._lock:
+            for key in keys:
+                self._data.pop(key, None)
+
+    def yield_keys(self, *, prefix: str | None = None) -> Iterator[str]:
+        """The stored keys (those starting with `prefix`), least recent first."""
+        with self._lock:
+            keys = list(self._data)
+        yield from (k for k in keys if prefix is None or k.startswith(prefix))
+
+    def clear(self) -> None:
+        """Forget every stored value."""
         with self._lock:
             self._data.clear()
 
     # Dictionary access is fast enough that a thread hop would cost more than it saves.
-    async def alookup(self, key: str) -> str | None:  # noqa: D102
-        return self.lookup(key)
+    async def amget(self, keys: Sequence[str]) -> list[str | None]:  # noqa: D102
+        return self.mget(keys)
 
-    async def aupdate(self, key: str, value: str) -> None:  # noqa: D102
-        self.update(key, value)
+    async def amset(self, key_value_pairs: Sequence[tuple[str, str]]) -> None:  # noqa: D102
+        self.mset(key_value_pairs)
+
+    async def amdelete(self, keys: Sequence[str]) -> None:  # noqa: D102
+        self.mdelete(keys)
 
 
 class SQLiteConnections:
@@ -148,12 +147,13 @@ class SQLiteConnections:
             conn.close()
 
 
-class SQLiteVerdictCache(VerdictCache):
-    """A persistent cache in one SQLite file, safe for several threads and processes.
+class SQLiteVerdictCache(BaseStore[str, str]):
+    """A persistent store in one SQLite file, safe for several threads and processes.
 
     The database runs in WAL mode with a busy timeout, so concurrent writers wait
     for each other instead of failing. Extraction keeps its model answers the same
-    way, in a table of its own (`table="extraction_answers"`).
+    way, in a table of its own (`table="extraction_answers"`). The async methods
+    are `BaseStore`'s: the sync ones in a worker thread.
     """
 
     def __init__(
@@ -173,31 +173,57 @@ class SQLiteVerdictCache(VerdictCache):
                 "key TEXT PRIMARY KEY, verdict TEXT NOT NULL, created REAL NOT NULL)"
             )
 
-    def _connection(self) -> sqlite3.Connection:
-        return self._connections.get()
+    def mget(self, keys: Sequence[str]) -> list[str | None]:
+        """The values of `keys`, None where missing."""
+        if not keys:
+            return []
+        found: dict[str, str] = {}
+        conn = self._connections.get()
+        # In chunks under SQLite's default limit of 999 bound parameters.
+        for start in range(0, len(keys), 500):
+            chunk = list(keys[start : start + 500])
+            marks = ", ".join("?" * len(chunk))
+            query = f"SELECT key, verdict FROM {self.table} WHERE key IN ({marks})"  # noqa: S608 - checked identifier
+            found.update((str(k), str(v)) for k, v in conn.execute(query, chunk))
+        return [found.get(key) for key in keys]
 
-    def lookup(self, key: str) -> str | None:  # noqa: D102
-        row = (
-            self._connection()
-            .execute(f"SELECT verdict FROM {self.table} WHERE key = ?", (key,))  # noqa: S608
-            .fetchone()
-        )
-        return None if row is None else str(row[0])
-
-    def update(self, key: str, value: str) -> None:  # noqa: D102
+    def mset(self, key_value_pairs: Sequence[tuple[str, str]]) -> None:
+        """Store the pairs, in one transaction."""
+        if not key_value_pairs:
+            return
+        now = time.time()
         with self._connections.writing() as conn:
-            conn.execute(
+            conn.executemany(
                 f"INSERT OR REPLACE INTO {self.table} (key, verdict, created) "  # noqa: S608
                 "VALUES (?, ?, ?)",
-                (key, value, time.time()),
+                [(key, value, now) for key, value in key_value_pairs],
             )
 
-    def clear(self) -> None:  # noqa: D102
+    def mdelete(self, keys: Sequence[str]) -> None:
+        """Forget `keys`."""
+        if not keys:
+            return
+        with self._connections.writing() as conn:
+            conn.executemany(
+                f"DELETE FROM {self.table} WHERE key = ?",  # noqa: S608
+                [(key,) for key in keys],
+            )
+
+    def yield_keys(self, *, prefix: str | None = None) -> Iterator[str]:
+        """The stored keys (those starting with `prefix`)."""
+        query = f"SELECT key FROM {self.table}"  # noqa: S608 - checked identifier
+        rows = self._connections.get().execute(query).fetchall()
+        yield from (
+            str(k) for (k,) in rows if prefix is None or str(k).startswith(prefix)
+        )
+
+    def clear(self) -> None:
+        """Forget every stored value."""
         with self._connections.writing() as conn:
             conn.execute(f"DELETE FROM {self.table}")  # noqa: S608
 
     def __len__(self) -> int:
-        """Number of stored verdicts."""
+        """Number of stored values."""
         query = f"SELECT COUNT(*) FROM {self.table}"  # noqa: S608 - checked identifier
-        row = self._connection().execute(query).fetchone()
+        row = self._connections.get().execute(query).fetchone()
         return int(row[0])

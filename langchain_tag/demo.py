@@ -34,12 +34,13 @@ from langchain_core.language_models import BaseChatModel
 from pydantic import BaseModel, Field
 
 from langchain_tag._text import slug
+from langchain_tag.engine import MatchResult
 from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.execution import CODE_TEMPLATE, ActionOnlyExecutor
 from langchain_tag.matching import ApplicabilityJudge, UnreliableMatchWarning
 from langchain_tag.models import ModelNotConfiguredError, configured_model
 from langchain_tag.resources import curated_rulebook
-from langchain_tag.retrievers import MatchResult, TAGRetriever
+from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.rules import Rulebook
 
 if TYPE_CHECKING:

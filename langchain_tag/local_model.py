@@ -41,6 +41,7 @@ from pydantic import PrivateAttr
 from typing_extensions import Self
 
 from langchain_tag._processes import free_port, stop_process_group
+from langchain_tag.errors import TAGError
 from langchain_tag.matching import ApplicabilityJudge
 
 __all__ = [
@@ -206,7 +207,7 @@ def local_chat_model(**kwargs: Any) -> BaseChatModel:
     return SerialChatLlamaCpp(**{**settings, **kwargs})
 
 
-class LocalServerError(RuntimeError):
+class LocalServerError(TAGError, RuntimeError):
     """The local model server did not start or stopped answering."""
 
 

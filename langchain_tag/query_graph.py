@@ -1,12 +1,15 @@
 """TAG end to end as a LangGraph graph: rulebook -> pairwise matching -> execution.
 
-    load_rulebook -> (extract -> review?) -> match_rule* -> execute
+    load_rulebook -> (extract -> review?) -> plan -> match_rule* -> execute
 
 `load_rulebook` takes the rulebook given in the input, or runs the extraction graph
 when only documents are given; `review` (optional) pauses with `interrupt()` so a
-person can approve, edit or drop the extracted rules; `match_rule` is fanned out with
-one `Send` per candidate rule (one judgment each, the action withheld); `execute`
-sees the input and only the matched actions.
+person can approve, edit or drop the extracted rules; `plan`, `match_rule` and
+`execute` are the steps of `langchain_tag.engine.MatchEngine`, the one the
+retriever runs: `plan` filters and prefilters, `match_rule` is fanned out with one
+`Send` per model call (one rule each by default, the action withheld), `execute`
+selects (k, threshold) and answers with the input and only the matched actions.
+Every matching option of `TAGRetriever` is a `QueryContext` field of the same name.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
+from langchain_core.callbacks import dispatch_custom_event
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
+from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.cache.base import BaseCache
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import get_runtime
@@ -33,6 +39,14 @@ from typing_extensions import NotRequired, TypedDict
 
 from langchain_tag._graph import as_documents
 from langchain_tag._graph import coerce_context as _coerce
+from langchain_tag.engine import (
+    MATCH_EVENT,
+    MatchEngine,
+    MatchOptions,
+    MatchPlan,
+    MatchResult,
+    RuleFilter,
+)
 from langchain_tag.execution import (
     CODE_TEMPLATE,
     GENERIC_TEMPLATE,
@@ -54,16 +68,18 @@ from langchain_tag.matching import (
     RuleSchemaProfile,
     Verdict,
 )
-from langchain_tag.matching.judge import check_selection, select_applicable
+from langchain_tag.matching.judge import VerdictSink
 from langchain_tag.models import CallRetry, default_chat_model, with_settings
 from langchain_tag.rules import Rule, Rulebook
 
 __all__ = [
+    "STATE_TYPES",
     "Match",
     "QueryContext",
     "QueryInput",
     "QueryOutput",
     "build_query_graph",
+    "checkpoint_serializer",
 ]
 
 PROFILES: dict[str, RuleSchemaProfile] = {
@@ -85,8 +101,13 @@ TEMPLATES: dict[str, ExecutionTemplate] = {
 class QueryContext:
     """Per-run settings (the graph's `context_schema`).
 
-    Model and profile objects are for Python callers; LangGraph Studio shows the
+    The matching options have `TAGRetriever`'s names and meaning. Model, judge,
+    prefilter and log objects are for Python callers; LangGraph Studio shows the
     JSON-able fields only and its runs use the models from the environment.
+
+    The context keeps the matching engine its runs share (the concurrency bound,
+    the shadow-judging counts, the retrainer): reuse one context across runs to
+    keep them, as one `TAGRetriever` would.
     """
 
     __pydantic_config__ = ConfigDict(arbitrary_types_allowed=True)
@@ -95,13 +116,30 @@ class QueryContext:
     """The applicability judge; None uses `default_chat_model()`."""
     judge: SkipJsonSchema[BaseJudge | None] = None
     """A ready judge (e.g. a `CascadeJudge`) instead of one made from `judge_model`,
-    `logprobs` and `profile`. Its own retries and cache then run inside the
-    node's."""
+    `logprobs`, `profile`, `rules_per_call`, `verdict_log` and `on_error`. It
+    retries by the graph's `retry` in place of its own."""
     executor_model: SkipJsonSchema[BaseChatModel | None] = None
     """The executor; None uses the judge's model."""
     k: int | None = None
     """Execute with at most this many matched rules (best scores first)."""
     score_threshold: float | None = None
+    """Drop applicable rules scoring below this (a rule without a score counts 1.0)."""
+    filter: SkipJsonSchema[RuleFilter | None] = None
+    """Judge only rules passing this filter (see `langchain_tag.engine.rule_passes`)."""
+    prefilter: SkipJsonSchema[BaseRetriever | None] = None
+    """Shortlists candidate rules before judging (a similarity prefilter, or a
+    `LearnedPrefilter` with shadow judging); None judges every rule."""
+    explore: float = 0.05
+    """With a learned prefilter: the share of skipped pairs judged anyway."""
+    retrain_every: int | None = None
+    """With a learned prefilter and a `verdict_log`: train again from the log once
+    this many new verdicts are logged, in a background thread."""
+    verdict_log: SkipJsonSchema[VerdictSink | None] = None
+    """Where the judge built here logs every judgment it makes."""
+    rules_per_call: int = 1
+    """Rules judged in one model call by the judge built here (1 is the method)."""
+    max_concurrency: int | None = 8
+    """Judgments in flight at most, across the runs sharing this context."""
     logprobs: bool = False
     """Score verdicts by logprobs (models with a `logprobs` option, as ChatOpenAI)."""
     profile: str | SkipJsonSchema[RuleSchemaProfile] = "condition"
@@ -117,8 +155,54 @@ class QueryContext:
     rule flagged as unjudged (not applicable), for the judge built here."""
 
     def __post_init__(self) -> None:
-        """Refuse a `k` or `score_threshold` the executor step could not honour."""
-        check_selection(self.k, self.score_threshold)
+        """Refuse options the engine could not honour, before any model call."""
+        self.options()
+        if not 0.0 <= self.explore <= 1.0:
+            msg = f"explore must be in [0, 1], got {self.explore!r}."
+            raise ValueError(msg)
+        # Not fields: no schema, no comparison; kept with this (frozen) context.
+        object.__setattr__(self, "_engines", {})
+        object.__setattr__(self, "_lock", threading.Lock())
+
+    def options(self) -> MatchOptions:
+        """The per-retrieval options: `k`, `score_threshold`, `filter` (checked)."""
+        return MatchOptions(self.k, self.score_threshold, self.filter)
+
+    def engine(self, retry: CallRetry) -> MatchEngine:
+        """The engine of the runs with this context, built on first use.
+
+        Building a judge costs a model copy and a structured-output wrapper (about
+        a millisecond with ChatOpenAI), too much to repeat for every rule.
+        """
+        engines: dict[CallRetry, MatchEngine] = self.__dict__["_engines"]
+        with self.__dict__["_lock"]:
+            engine = engines.get(retry)
+            if engine is None:
+                engine = engines[retry] = MatchEngine(
+                    self._build_judge(retry),
+                    prefilter=self.prefilter,
+                    explore=self.explore,
+                    retrain_every=self.retrain_every,
+                    max_concurrency=self.max_concurrency,
+                )
+            return engine
+
+    def _build_judge(self, retry: CallRetry) -> BaseJudge:
+        # The judge's retries are the match nodes' only layer (they honour the
+        # provider's Retry-After, which LangGraph's node retry policy cannot): a
+        # judge passed in gets the graph's retries in place of its own.
+        if self.judge is not None:
+            return self.judge.with_call_retry(retry)
+        return ApplicabilityJudge(
+            llm=self.judge_model or _environment_model(),
+            profile=_named(self.profile, PROFILES, "profile"),
+            logprobs=self.logprobs,
+            retry=retry,
+            on_error=self.on_error,
+            rules_per_call=self.rules_per_call,
+            verdict_log=self.verdict_log,
+            cache=None,  # judgments are cached by the graph's node cache, if any
+        )
 
 
 class QueryInput(TypedDict):
@@ -145,12 +229,11 @@ class QueryOutput(TypedDict):
     answer: Any
     matches: list[Match]
     cost: dict[str, Any]
+    result: MatchResult
+    """The engine's whole result, as `TAGRetriever.match` returns it."""
 
 
-Records = list[dict[str, Any]]
-
-
-def _verdicts(left: Records, right: Records) -> Records:
+def _verdicts(left: list[Verdict], right: list[Verdict]) -> list[Verdict]:
     return left + right
 
 
@@ -160,17 +243,50 @@ class QueryState(TypedDict, total=False):
     query: str
     rulebook: dict[str, Any] | str | None
     documents: list[Document] | None
-    rules: list[dict[str, Any]] | None
-    verdicts: Annotated[list[dict[str, Any]], _verdicts]
+    rules: list[Rule] | None
+    plan: MatchPlan | None
+    verdicts: Annotated[list[Verdict], _verdicts]
     started: float
     review_requested: bool
     answer: Any
     matches: list[Match]
     cost: dict[str, Any]
+    result: MatchResult
+
+
+STATE_TYPES = (
+    ("langchain_tag.rules", "Rule"),
+    ("langchain_tag.matching.verdicts", "Verdict"),
+    ("langchain_tag.engine", "MatchPlan"),
+    ("langchain_tag.engine", "MatchResult"),
+)
+"""The classes the graph keeps in its state, as LangGraph's serializer names them."""
+
+
+def checkpoint_serializer() -> JsonPlusSerializer:
+    """A checkpoint serializer that allows the graph's state types by name.
+
+    LangGraph's default serializer restores them too, but warns that unregistered
+    types will be refused in a future version; pass this as a checkpointer's
+    `serde=` (e.g. `SqliteSaver(conn, serde=checkpoint_serializer())`). A serializer
+    that refuses them (`LANGGRAPH_STRICT_MSGPACK=true`) hands back their fields,
+    which the nodes read as well.
+    """
+    return JsonPlusSerializer(allowed_msgpack_modules=STATE_TYPES)
 
 
 def _context() -> QueryContext:
     return _coerce(get_runtime(QueryContext).context, QueryContext)
+
+
+def _rules(state: QueryState) -> list[Rule]:
+    # model_validate returns a Rule as it is: only a checkpointer that refuses
+    # unregistered types (LANGGRAPH_STRICT_MSGPACK) hands back their dicts.
+    return [Rule.model_validate(rule) for rule in state.get("rules") or []]
+
+
+def _plan(state: QueryState) -> MatchPlan:
+    return MatchPlan.model_validate(state["plan"])
 
 
 @functools.cache
@@ -179,47 +295,6 @@ def _environment_model() -> BaseChatModel:
 
 
 _DEFAULT_RETRY = CallRetry()
-
-_judges: dict[tuple[int, CallRetry], tuple[QueryContext, BaseJudge]] = {}
-_judges_lock = threading.Lock()
-_MAX_JUDGES = 64
-
-
-def _judge(context: QueryContext, retry: CallRetry) -> BaseJudge:
-    """The run's judge, built once per context and shared by its M `match_rule` tasks.
-
-    Building one costs a model copy and a structured-output wrapper (about a
-    millisecond with ChatOpenAI), too much to repeat for every rule.
-    """
-    key = (id(context), retry)
-    with _judges_lock:
-        cached = _judges.get(key)
-        # The entry keeps its context alive, so the id cannot name another one.
-        if cached is not None and cached[0] is context:
-            return cached[1]
-    judge = _build_judge(context, retry)
-    with _judges_lock:
-        if len(_judges) >= _MAX_JUDGES:
-            _judges.clear()
-        _judges[key] = (context, judge)
-    return judge
-
-
-def _build_judge(context: QueryContext, retry: CallRetry) -> BaseJudge:
-    # The judge's retries are the match nodes' only layer (they honour the
-    # provider's Retry-After, which LangGraph's node retry policy cannot): a judge
-    # passed in gets the graph's retries in place of its own.
-    if context.judge is not None:
-        return context.judge.with_call_retry(retry)
-    return ApplicabilityJudge(
-        llm=context.judge_model or _environment_model(),
-        profile=_profile(context),
-        logprobs=context.logprobs,
-        retry=retry,
-        on_error=context.on_error,
-        cache=None,  # judgments are cached by the graph's node cache, if any
-    )
-
 
 _NamedT = TypeVar("_NamedT")
 
@@ -234,14 +309,6 @@ def _named(value: str | _NamedT, table: Mapping[str, _NamedT], kind: str) -> _Na
     return table[value]
 
 
-def _profile(context: QueryContext) -> RuleSchemaProfile:
-    return _named(context.profile, PROFILES, "profile")
-
-
-def _template(context: QueryContext) -> ExecutionTemplate:
-    return _named(context.template, TEMPLATES, "template")
-
-
 def _executor(context: QueryContext) -> ActionOnlyExecutor:
     llm = (
         context.executor_model
@@ -251,7 +318,9 @@ def _executor(context: QueryContext) -> ActionOnlyExecutor:
     )
     # The node's retry policy is the one layer: the client's own would multiply it.
     llm, _ = with_settings(llm, max_retries=0)
-    return ActionOnlyExecutor(llm=llm, template=_template(context))
+    return ActionOnlyExecutor(
+        llm=llm, template=_named(context.template, TEMPLATES, "template")
+    )
 
 
 # --- nodes ---------------------------------------------------------------------------
@@ -264,10 +333,12 @@ def load_rulebook(state: QueryState) -> dict[str, Any]:
     a rulebook or documents present here were given to this run.
     """
     context = _context()
-    _profile(context)  # unknown profile or template names fail before any model call
-    _template(context)
+    # Unknown profile or template names fail before any model call.
+    _named(context.profile, PROFILES, "profile")
+    _named(context.template, TEMPLATES, "template")
     update: dict[str, Any] = {
         "verdicts": Overwrite([]),
+        "plan": None,
         "started": time.time(),
         # Decided by the run that starts, not by the one that resumes: a resume
         # (from another client or server) need not repeat the context.
@@ -282,7 +353,7 @@ def load_rulebook(state: QueryState) -> dict[str, Any]:
     rulebook = (
         Rulebook.load(given) if isinstance(given, str) else Rulebook.from_data(given)
     )
-    return {**update, "rules": [r.model_dump(mode="json") for r in rulebook.rules]}
+    return {**update, "rules": list(rulebook.rules)}
 
 
 def after_load(state: QueryState) -> Literal["extract", "plan"]:
@@ -301,7 +372,8 @@ def _extraction(state: QueryState) -> tuple[ExtractionInput, ExtractionSettings]
 
 
 def _extracted(output: dict[str, Any]) -> dict[str, Any]:
-    return {"rulebook": output["rulebook"], "rules": output["rulebook"]["rules"]}
+    rulebook = Rulebook.from_data(output["rulebook"])
+    return {"rulebook": output["rulebook"], "rules": list(rulebook.rules)}
 
 
 def extract(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
@@ -339,7 +411,7 @@ def review(state: QueryState) -> dict[str, Any]:
     """
     if not state.get("review_requested"):
         return {}
-    rules = state.get("rules") or []
+    rules = [rule.model_dump(mode="json") for rule in _rules(state)]
     problem = None
     while True:
         # Each retry is a new interrupt: LangGraph replays earlier answers to the
@@ -353,7 +425,8 @@ def review(state: QueryState) -> dict[str, Any]:
             }
         )
         try:
-            return {"rules": apply_review(rules, decision)}
+            reviewed = apply_review(rules, decision)
+            return {"rules": [Rule.model_validate(rule) for rule in reviewed]}
         except (ValueError, TypeError) as error:
             problem = str(error)
 
@@ -402,94 +475,128 @@ def apply_review(rules: list[dict[str, Any]], decision: object) -> list[dict[str
     return rules
 
 
-def to_matches(
-    state: QueryState, retry: CallRetry = _DEFAULT_RETRY
-) -> list[Send] | str:
-    """One `match_rule` task per candidate rule."""
-    judge = _judge(_context(), retry)
-    sends = []
-    for rule_data in state.get("rules") or []:
-        rule = Rule.model_validate(rule_data)
-        sends.append(
-            Send(
-                "match_rule",
-                {
-                    "query": state["query"],
-                    "rule": rule_data,
-                    "cache_key": judge.cache_key(state["query"], rule),
-                },
-            )
-        )
-    return sends or "execute"
+def plan(state: QueryState, config: RunnableConfig, retry: CallRetry) -> dict[str, Any]:
+    """Filter and prefilter the rules (`MatchEngine.plan`): what will be judged."""
+    context = _context()
+    engine = context.engine(retry)
+    rules = _rules(state)
+    return {"plan": engine.plan(state["query"], rules, context.options(), config)}
+
+
+async def aplan(
+    state: QueryState, config: RunnableConfig, retry: CallRetry
+) -> dict[str, Any]:
+    """Async `plan`: the prefilter runs on the event loop."""
+    context = _context()
+    engine = context.engine(retry)
+    rules = _rules(state)
+    options = context.options()
+    return {"plan": await engine.aplan(state["query"], rules, options, config)}
 
 
 class MatchRequest(TypedDict):
-    """The payload of one `match_rule` task."""
+    """The payload of one `match_rule` task: the rules of one model call."""
 
-    query: str
-    rule: dict[str, Any]
+    plan: MatchPlan
+    rules: list[Rule]
     cache_key: str
 
 
+def _request(request: MatchRequest) -> tuple[MatchPlan, list[Rule]]:
+    rules = [Rule.model_validate(rule) for rule in request["rules"]]
+    return MatchPlan.model_validate(request["plan"]), rules
+
+
+def to_matches(state: QueryState, retry: CallRetry) -> list[Send] | str:
+    """One `match_rule` task per model call of the plan."""
+    planned = _plan(state)
+    if not planned.candidates:
+        return "execute"
+    engine = _context().engine(retry)
+    # The plan goes without its candidates: each task carries its own rules.
+    shared = planned.model_copy(update={"candidates": []})
+    return [
+        Send(
+            "match_rule",
+            {
+                "plan": shared,
+                "rules": unit,
+                "cache_key": "+".join(
+                    engine.judge.cache_key(planned.query, rule) for rule in unit
+                ),
+            },
+        )
+        for unit in engine.call_units(planned)
+    ]
+
+
 def match_rule(
-    request: MatchRequest, config: RunnableConfig, retry: CallRetry = _DEFAULT_RETRY
+    request: MatchRequest, config: RunnableConfig, retry: CallRetry
 ) -> dict[str, Any]:
-    """Judge one rule against the query (the judge never sees the action).
+    """Judge one call's rules against the query (the judge never sees an action).
 
     A judgment that still fails after the judge's retries stops the run (never a
-    silent NO); a checkpointed run resumes from there.
+    silent NO) unless `on_error="not_applicable"`; a checkpointed run resumes from
+    there.
     """
-    rule = Rule.model_validate(request["rule"])
-    verdict = _judge(_context(), retry).invoke((request["query"], rule), config)
-    return {"verdicts": [verdict.model_dump(mode="json")]}
+    engine = _context().engine(retry)
+    planned, rules = _request(request)
+    verdicts = engine.judge_rules(planned, config, rules)
+    return {"verdicts": verdicts}
 
 
 async def amatch_rule(
-    request: MatchRequest, config: RunnableConfig, retry: CallRetry = _DEFAULT_RETRY
+    request: MatchRequest, config: RunnableConfig, retry: CallRetry
 ) -> dict[str, Any]:
     """Async `match_rule`."""
-    rule = Rule.model_validate(request["rule"])
-    verdict = await _judge(_context(), retry).ainvoke((request["query"], rule), config)
-    return {"verdicts": [verdict.model_dump(mode="json")]}
+    engine = _context().engine(retry)
+    planned, rules = _request(request)
+    verdicts = await engine.ajudge_rules(planned, config, rules)
+    return {"verdicts": verdicts}
 
 
-def execute(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
-    """Answer with the input and only the matched rules' actions."""
+def execute(
+    state: QueryState, config: RunnableConfig, retry: CallRetry
+) -> dict[str, Any]:
+    """Select (`MatchEngine.result`), then answer with only the matched actions."""
     context = _context()
+    planned = _plan(state)
     verdicts = [Verdict.model_validate(v) for v in state.get("verdicts", [])]
-    by_id = {rule["rule_id"]: rule for rule in state.get("rules") or []}
-    chosen = [
-        (by_id[v.rule_id], v)
-        for v in select_applicable(
-            verdicts, list(by_id), k=context.k, threshold=context.score_threshold
-        )
-    ]
-    rules = [Rule.model_validate(rule) for rule, _ in chosen]
+    result = context.engine(retry).result(planned, verdicts)
+    dispatch_custom_event(MATCH_EVENT, result.summary(), config=config)
+    by_id = {rule.rule_id: rule for rule in planned.candidates}
+    chosen = [by_id[str(doc.id)] for doc in result.documents]
     answer = _executor(context).invoke(
-        {"input": state["query"], "rules": rules}, config
+        {"input": state["query"], "rules": chosen}, config
     )
+    verdict = {v.rule_id: v for v in result.verdicts}
     matches: list[Match] = [
         {
-            "rule_id": v.rule_id,
-            "name": rule["name"],
-            "score": v.score,
-            "reason": v.reason,
+            "rule_id": rule.rule_id,
+            "name": rule.name,
+            "score": verdict[rule.rule_id].score,
+            "reason": verdict[rule.rule_id].reason,
         }
-        for rule, v in chosen
+        for rule in chosen
     ]
+    summary = result.summary()
     cost = {
         "rules": len(state.get("rules") or []),
-        "judgments": len(verdicts),
-        "applicable": sum(v.applies for v in verdicts),
-        "failed": sum(v.failed for v in verdicts),
+        "candidates": result.candidates,
+        "judgments": len(result.verdicts),
+        "cached": summary["cached"],
+        "applicable": summary["applicable"],
+        "failed": len(result.failed_rule_ids),
+        "explored": len(result.explored_rule_ids),
         "executor_calls": 1,
-        "seconds": round(time.time() - state.get("started", time.time()), 3),
+        "seconds": round(time.time() - state.get("started", planned.started), 3),
     }
     # The inputs are consumed, so a later run on this thread starts from its own.
     return {
         "answer": _jsonable(answer),
         "matches": matches,
         "cost": cost,
+        "result": result,
         "rulebook": None,
         "documents": None,
     }
@@ -504,15 +611,19 @@ def _jsonable(answer: Any) -> Any:
     return answer
 
 
-def _join(state: QueryState) -> dict[str, Any]:
-    """Where the rules are final (after extraction and review); fans out next."""
-    del state
-    return {}
-
-
 def _judgment_key(request: object) -> str:
     # get_graph() also calls this, with placeholder input, to draw the graph.
     return str(request.get("cache_key", "")) if isinstance(request, Mapping) else ""
+
+
+def _node(
+    function: Any, afunction: Any, name: str, retry: CallRetry
+) -> RunnableLambda[Any, Any]:
+    return RunnableLambda(
+        functools.partial(function, retry=retry),
+        afunc=None if afunction is None else functools.partial(afunction, retry=retry),
+        name=name,
+    )
 
 
 def build_query_graph(
@@ -546,24 +657,24 @@ def build_query_graph(
         retry_policy=node_retry,
     )
     builder.add_node("review", review)
-    builder.add_node("plan", _join)
+    builder.add_node("plan", _node(plan, aplan, "plan", retry))
     builder.add_node(
         "match_rule",
-        RunnableLambda(
-            functools.partial(match_rule, retry=retry),
-            afunc=functools.partial(amatch_rule, retry=retry),
-            name="match_rule",
-        ),
+        _node(match_rule, amatch_rule, "match_rule", retry),
         cache_policy=CachePolicy(key_func=_judgment_key),
         input_schema=MatchRequest,
     )
-    builder.add_node("execute", execute, retry_policy=node_retry)
+    builder.add_node(
+        "execute", _node(execute, None, "execute", retry), retry_policy=node_retry
+    )
     builder.add_edge(START, "load_rulebook")
     builder.add_conditional_edges("load_rulebook", after_load, ["extract", "plan"])
     builder.add_edge("extract", "review")
     builder.add_edge("review", "plan")
     builder.add_conditional_edges(
-        "plan", functools.partial(to_matches, retry=retry), ["match_rule", "execute"]
+        "plan",
+        functools.partial(to_matches, retry=retry),
+        ["match_rule", "execute"],
     )
     builder.add_edge("match_rule", "execute")
     builder.add_edge("execute", END)

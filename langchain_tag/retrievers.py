@@ -3,24 +3,23 @@
 Where a similarity retriever returns the passages most like the query, `TAGRetriever`
 returns the rules whose condition the query satisfies, one judgment per rule, each
 returned as a `Document` whose content is the rule's action (the executor sees only
-actions, principle P3).
+actions, principle P3). It is a thin face over `langchain_tag.engine.MatchEngine`,
+which the query graph and the agent middleware run too.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import threading
-import time
-import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from langchain_core.callbacks import (
+    AsyncCallbackManager,
     AsyncCallbackManagerForRetrieverRun,
+    CallbackManager,
     CallbackManagerForRetrieverRun,
     adispatch_custom_event,
     dispatch_custom_event,
@@ -29,139 +28,24 @@ from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig, ensure_config
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
-from langchain_tag._text import check_text, digest
-from langchain_tag.matching.judge import (
-    EXPLORE_RATE,
-    EXPLORED,
-    ApplicabilityJudge,
-    BaseJudge,
-    Verdict,
-    check_selection,
-    select_applicable,
+from langchain_tag.engine import (
+    MATCH_EVENT,
+    MatchEngine,
+    MatchOptions,
+    MatchResult,
+    RuleFilter,
 )
-from langchain_tag.matching.limiter import ConcurrencyLimiter
-from langchain_tag.matching.shadow import (
-    RecallEstimate,
-    RetrainPolicy,
-    estimate_recall,
-    explore_pairs,
-)
+from langchain_tag.matching import ApplicabilityJudge, BaseJudge
 from langchain_tag.models import default_chat_model
-from langchain_tag.rules import Rule, Rulebook
+from langchain_tag.rules import Rulebook
 
-__all__ = [
-    "MATCH_EVENT",
-    "MatchResult",
-    "RuleFilter",
-    "TAGRetriever",
-    "reassemble_chunks",
-    "rule_document",
-    "rule_passes",
-]
+__all__ = ["TAGRetriever", "reassemble_chunks"]
 
 logger = logging.getLogger(__name__)
 
-RuleFilter = Mapping[str, Any] | Callable[[Rule], bool]
-"""Field -> accepted value(s), or a predicate. List fields match on any overlap."""
-
-MATCH_EVENT = "tag_match"
-"""Name of the custom event each retrieval dispatches with its `MatchResult` summary."""
-
-_CALL = "_tag_call"
 _PER_CALL = ("k", "filter", "score_threshold")
-
-
-class _Call(NamedTuple):
-    """One retrieval's options, checked before any judgment."""
-
-    k: int | None
-    threshold: float | None
-    rule_filter: RuleFilter | None
-    limiter: ConcurrencyLimiter
-    sink: list[MatchResult] | None
-
-
-def rule_passes(rule: Rule, rule_filter: RuleFilter | None) -> bool:
-    """Whether `rule` passes a metadata filter.
-
-    A mapping filter names Rule fields (`tags`, `source_document_id`, ...) or keys of
-    `Rule.metadata`; each value is an accepted value or a list of them. For list fields
-    such as `tags`, a rule passes when any of its values is accepted.
-    """
-    if rule_filter is None:
-        return True
-    if callable(rule_filter):
-        return bool(rule_filter(rule))
-    for key, expected in rule_filter.items():
-        if key in type(rule).model_fields or key == "source_document_id":
-            value = getattr(rule, key)
-        else:
-            value = rule.metadata.get(key)
-        accepted = (
-            set(expected)
-            if isinstance(expected, list | tuple | set | frozenset)
-            else {expected}
-        )
-        values = set(value) if isinstance(value, list | tuple) else {value}
-        if not values & accepted:
-            return False
-    return True
-
-
-class MatchResult(BaseModel):
-    """Everything one retrieval decided, not only the documents it returned."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    query: str
-    documents: list[Document]
-    verdicts: list[Verdict] = Field(description="Every judged rule, in rulebook order.")
-    total_rules: int
-    candidates: int = Field(description="Rules judged after filter and prefilter.")
-    failed_rule_ids: list[str]
-    reason: str | None = Field(description="Why nothing was returned, when empty.")
-    prefix_share: float = Field(
-        description="Share of prompt characters common to all judgments of the query."
-    )
-    elapsed_seconds: float
-    explored_rule_ids: list[str] = Field(
-        default_factory=list,
-        description="Rules the prefilter skipped but that were judged anyway "
-        "(shadow judging); a YES among them is a miss of the prefilter, returned.",
-    )
-    recall_estimate: RecallEstimate | None = Field(
-        default=None,
-        description="The learned prefilter's recall of YES verdicts so far, "
-        "estimated from the shadow judgments, with its interval.",
-    )
-
-    def summary(self) -> dict[str, Any]:
-        """A JSON-ready digest, as dispatched in the `tag_match` event."""
-        return {
-            "query": self.query,
-            "matched_rule_ids": [d.metadata["rule_id"] for d in self.documents],
-            "total_rules": self.total_rules,
-            "candidates": self.candidates,
-            "applicable": sum(v.applies for v in self.verdicts),
-            "cached": sum(v.cached for v in self.verdicts),
-            "failed_rule_ids": self.failed_rule_ids,
-            "empty_reason": self.reason,
-            "prefix_share": round(self.prefix_share, 4),
-            "elapsed_seconds": round(self.elapsed_seconds, 4),
-            "explored_rule_ids": self.explored_rule_ids,
-            "prefilter_misses": [
-                v.rule_id
-                for v in self.verdicts
-                if v.applies and v.rule_id in self.explored_rule_ids
-            ],
-            "recall_estimate": (
-                None
-                if self.recall_estimate is None
-                else self.recall_estimate.model_dump()
-            ),
-        }
 
 
 def _judge_from_llm(data: dict[str, Any]) -> ApplicabilityJudge:
@@ -216,12 +100,13 @@ class TAGRetriever(BaseRetriever):
     max_concurrency: int | None = Field(default=8, ge=1)
     """In-flight judgments at most, across concurrent calls of this retriever."""
     filter: RuleFilter | None = None
-    """Judge only rules passing this filter (see `rule_passes`)."""
+    """Judge only rules passing this filter (see `langchain_tag.engine.rule_passes`);
+    a key that is no Rule field and in no rule's metadata is refused."""
     prefilter: BaseRetriever | None = None
     """Shortlists candidate rules before judging; its documents name rules by
     `metadata["rule_id"]` or `id`. None judges every rule, as in the paper. A
     prefilter with `partition(text)` (`LearnedPrefilter`) also says which rules it
-    skipped, for shadow judging."""
+    skipped, for shadow judging; rules it does not know are always judged."""
     explore: float = Field(default=0.05, ge=0.0, le=1.0)
     """With a prefilter that says what it skipped: the share of skipped (input,
     rule) pairs judged anyway, in the same concurrency budget. Labels keep coming
@@ -229,16 +114,10 @@ class TAGRetriever(BaseRetriever):
     recall live; a YES among them is returned (and counted as a miss)."""
     retrain_every: int | None = Field(default=None, ge=1)
     """With a `LearnedPrefilter` and a judge keeping a `verdict_log`: train the
-    prefilter again from the log once this many new verdicts are logged (after the
-    retrieval that crosses the mark, in its thread)."""
+    prefilter again from the log once this many new verdicts are logged, in a
+    background thread (no retrieval waits for it)."""
 
-    _limiter: ConcurrencyLimiter = PrivateAttr()
-    _warned_unscored: bool = PrivateAttr(default=False)
-    _shadow_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-    _yes: list[int] = PrivateAttr(default_factory=lambda: [0, 0])
-    """YES verdicts since the prefilter was trained: [kept, shadow]."""
-    _trained_at: int | None = PrivateAttr(default=None)
-    _training: bool = PrivateAttr(default=False)
+    _engine: MatchEngine = PrivateAttr()
 
     @model_validator(mode="before")
     @classmethod
@@ -249,16 +128,18 @@ class TAGRetriever(BaseRetriever):
         return data
 
     def model_post_init(self, context: Any, /) -> None:  # noqa: D102
-        self._limiter = ConcurrencyLimiter(self.max_concurrency)
-        if self.retrain_every is not None and (
-            not callable(getattr(self.prefilter, "fit", None))
-            or getattr(self.judge, "verdict_log", None) is None
-        ):
-            msg = (
-                "retrain_every needs a prefilter that learns (LearnedPrefilter) and "
-                "a judge keeping a verdict_log to learn from."
-            )
-            raise ValueError(msg)
+        self._engine = MatchEngine(
+            self.judge,
+            prefilter=self.prefilter,
+            explore=self.explore,
+            retrain_every=self.retrain_every,
+            max_concurrency=self.max_concurrency,
+        )
+
+    @property
+    def engine(self) -> MatchEngine:
+        """The matching engine this retriever runs (the query graph runs the same)."""
+        return self._engine
 
     @classmethod
     def from_rulebook(
@@ -382,66 +263,76 @@ class TAGRetriever(BaseRetriever):
 
     # -- public API beyond BaseRetriever ----------------------------------------------
 
-    def match(
-        self, query: str, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> MatchResult:
-        """Retrieve, returning every verdict and the empty-result reason as well."""
-        sink: list[MatchResult] = []
-        self.invoke(query, config, **kwargs, _sink=sink)
-        return sink[0]
+    def options(self, **overrides: Any) -> MatchOptions:
+        """This retriever's `k`, `filter` and `score_threshold`, with per-call ones.
 
-    async def amatch(
-        self, query: str, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> MatchResult:
-        """Async `match`."""
-        sink: list[MatchResult] = []
-        await self.ainvoke(query, config, **kwargs, _sink=sink)
-        return sink[0]
-
-    # -- BaseRetriever ----------------------------------------------------------------
-
-    def invoke(
-        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> list[Document]:
-        """Retrieve the applicable rules; per call: `k`, `filter`, `score_threshold`."""
-        return super().invoke(input, config, **self._call(input, config, kwargs))
-
-    async def ainvoke(
-        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> list[Document]:
-        """Async `invoke`."""
-        return await super().ainvoke(input, config, **self._call(input, config, kwargs))
-
-    def _call(
-        self, query: object, config: RunnableConfig | None, kwargs: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Check the query and the per-call options before anything is judged.
-
-        The run config's `max_concurrency` (as `batch` passes it) bounds this call's
-        judgments too, within the retriever's own bound.
+        Raises:
+            TypeError: An override is not one of those three.
+            ValueError: A value is out of range.
         """
-        check_text(query, "The query")
-        passed = {key: kwargs.pop(key) for key in _PER_CALL if key in kwargs}
-        sink = kwargs.pop("_sink", None)
-        unknown = sorted(set(kwargs) - {"run_id"})
+        unknown = sorted(set(overrides) - set(_PER_CALL))
         if unknown:
             msg = (
                 f"TAGRetriever got unknown keyword argument(s) {', '.join(unknown)}; "
                 f"per call it takes {', '.join(_PER_CALL)}."
             )
             raise TypeError(msg)
-        k = passed.get("k", self.k)
-        threshold = passed.get("score_threshold", self.score_threshold)
-        check_selection(k, threshold)
-        self.rulebook.check()
-        limit = ensure_config(config).get("max_concurrency")
-        limiter = (
-            self._limiter
-            if limit is None or limit == self._limiter.bound
-            else ConcurrencyLimiter(limit, within=self._limiter)
-        )
-        call = _Call(k, threshold, passed.get("filter", self.filter), limiter, sink)
-        return {**kwargs, _CALL: call}
+        chosen = {name: getattr(self, name) for name in _PER_CALL}
+        return MatchOptions(**{**chosen, **overrides})
+
+    def match(
+        self, query: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> MatchResult:
+        """Retrieve, returning every verdict and the empty-result reason as well.
+
+        One retriever run, as `invoke` makes (`invoke` returns its documents).
+        """
+        options, run_id = self._checked(query, kwargs)
+        config = ensure_config(config)
+        run_manager = CallbackManager.configure(
+            **self._callbacks(config)
+        ).on_retriever_start(None, query, name=self._run_name(config), run_id=run_id)
+        try:
+            result = self._match(query, options, run_manager, config)
+        except BaseException as error:
+            run_manager.on_retriever_error(error)
+            raise
+        run_manager.on_retriever_end(result.documents)
+        return result
+
+    async def amatch(
+        self, query: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> MatchResult:
+        """Async `match`."""
+        options, run_id = self._checked(query, kwargs)
+        config = ensure_config(config)
+        run_manager = await AsyncCallbackManager.configure(
+            **self._callbacks(config)
+        ).on_retriever_start(None, query, name=self._run_name(config), run_id=run_id)
+        try:
+            result = await self._amatch(query, options, run_manager, config)
+        except BaseException as error:
+            await run_manager.on_retriever_error(error)
+            raise
+        await run_manager.on_retriever_end(result.documents)
+        return result
+
+    # -- BaseRetriever ----------------------------------------------------------------
+
+    def invoke(
+        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[Document]:
+        """Retrieve the applicable rules; per call: `k`, `filter`, `score_threshold`.
+
+        An empty or blank query is judged against no rule and returns `[]`.
+        """
+        return self.match(input, config, **kwargs).documents
+
+    async def ainvoke(
+        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[Document]:
+        """Async `invoke`."""
+        return (await self.amatch(input, config, **kwargs)).documents
 
     def _get_relevant_documents(
         self,
@@ -450,20 +341,7 @@ class TAGRetriever(BaseRetriever):
         run_manager: CallbackManagerForRetrieverRun,
         **kwargs: Any,
     ) -> list[Document]:
-        started = time.perf_counter()
-        call = self._call_of(query, kwargs)
-        child: RunnableConfig = {"callbacks": run_manager.get_child()}
-        candidates, explored = self.candidates(query, call.rule_filter, child)
-        verdicts = self.judge.judge_rules(
-            query,
-            candidates,
-            self._shadow_config(child, explored),
-            limiter=call.limiter,
-        )
-        result = self._result(query, candidates, verdicts, call, started, explored)
-        dispatch_custom_event(MATCH_EVENT, result.summary(), config=child)
-        self._retrain_if_due()
-        return result.documents
+        return self._match(query, self.options(**kwargs), run_manager).documents
 
     async def _aget_relevant_documents(
         self,
@@ -472,201 +350,75 @@ class TAGRetriever(BaseRetriever):
         run_manager: AsyncCallbackManagerForRetrieverRun,
         **kwargs: Any,
     ) -> list[Document]:
-        started = time.perf_counter()
-        call = self._call_of(query, kwargs)
-        child: RunnableConfig = {"callbacks": run_manager.get_child()}
-        candidates, explored = await self.acandidates(query, call.rule_filter, child)
-        verdicts = await self.judge.ajudge_rules(
-            query,
-            candidates,
-            self._shadow_config(child, explored),
-            limiter=call.limiter,
-        )
-        result = self._result(query, candidates, verdicts, call, started, explored)
-        await adispatch_custom_event(MATCH_EVENT, result.summary(), config=child)
-        if self.retrain_every is not None:  # training is CPU work: off the loop
-            await asyncio.to_thread(self._retrain_if_due)
+        result = await self._amatch(query, self.options(**kwargs), run_manager)
         return result.documents
 
-    # -- the steps around the judgments -----------------------------------------------
+    # -- the run around the engine ----------------------------------------------------
 
-    def candidates(
+    def _checked(
+        self, query: object, kwargs: dict[str, Any]
+    ) -> tuple[MatchOptions, Any]:
+        """Per-call options and the run id, refused before any run or judgment."""
+        run_id = kwargs.pop("run_id", None)
+        self.rulebook.check()
+        return self.options(**kwargs), run_id
+
+    def _callbacks(self, config: RunnableConfig) -> dict[str, Any]:
+        """The callback manager's arguments, as `BaseRetriever.invoke` gives them."""
+        return {
+            "inheritable_callbacks": config.get("callbacks"),
+            "local_callbacks": None,
+            "inheritable_tags": config.get("tags"),
+            "local_tags": self.tags,
+            "inheritable_metadata": {
+                **(config.get("metadata") or {}),
+                **self._get_ls_params(),
+            },
+            "local_metadata": self.metadata,
+        }
+
+    def _run_name(self, config: RunnableConfig) -> str:
+        return str(config.get("run_name") or self.get_name())
+
+    def _match(
         self,
         query: str,
-        rule_filter: RuleFilter | None = None,
+        options: MatchOptions,
+        run_manager: CallbackManagerForRetrieverRun,
         config: RunnableConfig | None = None,
-    ) -> tuple[list[Rule], list[str]]:
-        """The rules a retrieval of `query` judges, and the ids of those explored.
-
-        The rules passing `rule_filter`, then those the prefilter keeps: a learned
-        prefilter's kept rules plus the skipped ones explored in the shadow (their
-        ids, second), or a similarity prefilter's shortlist. No model is called.
-        """
-        candidates = self._filtered(rule_filter)
-        if (split := self._partitioned(query, candidates)) is not None:
-            return split
-        if self.prefilter is None or not candidates:
-            return candidates, []
-        shortlist = self.prefilter.invoke(query, config)
-        return self._shortlisted(candidates, shortlist), []
-
-    async def acandidates(
-        self,
-        query: str,
-        rule_filter: RuleFilter | None = None,
-        config: RunnableConfig | None = None,
-    ) -> tuple[list[Rule], list[str]]:
-        """Async `candidates`: the prefilter runs without blocking the loop."""
-        candidates = self._filtered(rule_filter)
-        if (split := self._partitioned(query, candidates)) is not None:
-            return split
-        if self.prefilter is None or not candidates:
-            return candidates, []
-        shortlist = await self.prefilter.ainvoke(query, config)
-        return self._shortlisted(candidates, shortlist), []
-
-    def _call_of(self, query: str, kwargs: Mapping[str, Any]) -> _Call:
-        call = kwargs.get(_CALL)
-        # Subclasses and tests may call the BaseRetriever hooks directly.
-        return call if isinstance(call, _Call) else self._call(query, None, {})[_CALL]
-
-    def _partitioned(
-        self, query: str, candidates: list[Rule]
-    ) -> tuple[list[Rule], list[str]] | None:
-        """Candidates a learned prefilter keeps, plus the skipped ones explored."""
-        partition = getattr(self.prefilter, "partition", None)
-        if partition is None or not candidates:
-            return None
-        judged, skipped = partition(query)
-        explored = explore_pairs(skipped, digest(query), rate=self.explore)
-        wanted = {*judged, *explored}
-        kept = [rule for rule in candidates if rule.rule_id in wanted]
-        return kept, [rule_id for rule_id in explored if rule_id in wanted]
-
-    def _shadow_config(
-        self, config: RunnableConfig, explored: Sequence[str]
-    ) -> RunnableConfig:
-        # The judge marks these verdicts in its log: they weigh 1 / explore.
-        if not explored:
-            return config
-        metadata = {EXPLORED: list(explored), EXPLORE_RATE: self.explore}
-        return {**config, "metadata": {**config.get("metadata", {}), **metadata}}
-
-    def _recall(
-        self, verdicts: Sequence[Verdict], explored: Sequence[str]
-    ) -> RecallEstimate | None:
-        """Count YES verdicts kept and found in the shadow; the running estimate."""
-        if not getattr(self.prefilter, "fitted", False) or not self.explore:
-            return None
-        shadow = set(explored)
-        kept_yes = sum(v.applies for v in verdicts if v.rule_id not in shadow)
-        shadow_yes = sum(v.applies for v in verdicts if v.rule_id in shadow)
-        with self._shadow_lock:
-            self._yes[0] += kept_yes
-            self._yes[1] += shadow_yes
-            kept, found = self._yes
-        return estimate_recall(kept, found, self.explore)
-
-    def _retrain_if_due(self) -> None:
-        if self.retrain_every is None:
-            return
-        log = getattr(self.judge, "verdict_log", None)
-        position = log.position()  # type: ignore[union-attr]
-        with self._shadow_lock:
-            due = not self._training and RetrainPolicy(every=self.retrain_every).due(
-                position, self._trained_at
-            )
-            self._training = self._training or due
-        if not due:
-            return
-        try:
-            self.prefilter.fit(log.examples(self.rulebook))  # type: ignore[union-attr]
-        finally:
-            with self._shadow_lock:
-                self._training = False
-                self._trained_at = position
-                self._yes = [0, 0]  # the new model's recall is counted afresh
-
-    def _filtered(self, rule_filter: RuleFilter | None) -> list[Rule]:
-        return [rule for rule in self.rulebook.rules if rule_passes(rule, rule_filter)]
-
-    def _shortlisted(
-        self, candidates: list[Rule], shortlist: Sequence[Document]
-    ) -> list[Rule]:
-        wanted = {doc.metadata.get("rule_id") or doc.id for doc in shortlist}
-        known = {rule.rule_id for rule in candidates}
-        unknown = wanted - known - {None}
-        if unknown:
-            logger.warning(
-                "The prefilter returned %d rule id(s) not among the candidate rules "
-                "(rulebook and store out of sync, or filtered out): %s",
-                len(unknown),
-                sorted(map(str, unknown))[:10],
-            )
-        return [rule for rule in candidates if rule.rule_id in wanted]
-
-    def _result(
-        self,
-        query: str,
-        candidates: list[Rule],
-        verdicts: list[Verdict],
-        call: _Call,
-        started: float,
-        explored: Sequence[str] = (),
     ) -> MatchResult:
-        k, threshold, rule_filter = call.k, call.threshold, call.rule_filter
-        rules = {rule.rule_id: rule for rule in candidates}
-        applicable = [v for v in verdicts if v.applies]
-        kept = select_applicable(
-            verdicts, [rule.rule_id for rule in candidates], k=k, threshold=threshold
-        )
-        documents = [_to_document(rules[v.rule_id], v) for v in kept]
-        failed = [v.rule_id for v in verdicts if v.failed]
-        reason = None
-        if not documents:
-            reason = _empty_reason(
-                total=len(self.rulebook),
-                candidates=len(candidates),
-                applicable=len(applicable),
-                k=k,
-                threshold=threshold,
-                rule_filter=rule_filter,
-                prefiltered=self.prefilter is not None,
-            )
-            if failed:
-                reason += (
-                    f" ({len(failed)} judgment(s) failed and were treated as not "
-                    "applicable)"
-                )
-            logger.info("TAG retrieval returned nothing for %r: %s", query[:80], reason)
-        if threshold is not None and not self._warned_unscored:
-            unscored = [v.rule_id for v in applicable if v.score is None]
-            if unscored:
-                self._warned_unscored = True
-                warnings.warn(
-                    f"score_threshold={threshold} has no effect on verdicts without a "
-                    f"score ({len(unscored)} here, e.g. {unscored[0]!r}): they rank "
-                    "as 1.0. Scores come from logprobs: ApplicabilityJudge("
-                    "logprobs=True) with a model that returns them (e.g. ChatOpenAI).",
-                    UserWarning,
-                    stacklevel=2,
-                )
-        result = MatchResult(
-            query=query,
-            documents=documents,
-            verdicts=verdicts,
-            total_rules=len(self.rulebook),
-            candidates=len(candidates),
-            failed_rule_ids=failed,
-            reason=reason,
-            prefix_share=self.judge.prefix_share(query, candidates),
-            elapsed_seconds=time.perf_counter() - started,
-            explored_rule_ids=list(explored),
-            recall_estimate=self._recall(verdicts, explored),
-        )
-        if call.sink is not None:
-            call.sink.append(result)
+        child = _child_config(run_manager, config)
+        result = self._engine.match(query, self.rulebook.rules, options, child)
+        dispatch_custom_event(MATCH_EVENT, result.summary(), config=child)
         return result
+
+    async def _amatch(
+        self,
+        query: str,
+        options: MatchOptions,
+        run_manager: AsyncCallbackManagerForRetrieverRun,
+        config: RunnableConfig | None = None,
+    ) -> MatchResult:
+        child = _child_config(run_manager, config)
+        result = await self._engine.amatch(query, self.rulebook.rules, options, child)
+        await adispatch_custom_event(MATCH_EVENT, result.summary(), config=child)
+        return result
+
+
+def _child_config(
+    run_manager: CallbackManagerForRetrieverRun | AsyncCallbackManagerForRetrieverRun,
+    config: RunnableConfig | None,
+) -> RunnableConfig:
+    """The engine's config: this run's callbacks, the caller's concurrency bound.
+
+    `max_concurrency` (as `batch` passes it) bounds this call's judgments within the
+    retriever's own bound.
+    """
+    child: RunnableConfig = {"callbacks": run_manager.get_child()}
+    limit = (config or {}).get("max_concurrency")
+    if limit is not None:
+        child["max_concurrency"] = limit
+    return child
 
 
 def reassemble_chunks(chunks: Sequence[Document]) -> list[Document]:
@@ -695,61 +447,3 @@ def reassemble_chunks(chunks: Sequence[Document]) -> list[Document]:
             text = text.ljust(start, "\n")[:start] + part.page_content
         documents.append(Document(page_content=text, metadata={"source": source}))
     return documents + loose
-
-
-def rule_document(rule: Rule, **extra: Any) -> Document:
-    """The `Document` every rule-level retriever returns for a rule.
-
-    `id` and `metadata["rule_id"]` are the rule id, `page_content` is the action
-    (all an executor should see), and the metadata also carries the rule's name,
-    condition, source text, tags and source offsets, for tracing and scoring.
-
-    Args:
-        rule: The rule.
-        **extra: More metadata, such as the `relevance_score` that ranked it.
-    """
-    metadata: dict[str, Any] = {
-        "rule_id": rule.rule_id,
-        "name": rule.name,
-        "condition": rule.condition,
-        "source_text": rule.source_text,
-        "tags": list(rule.tags),
-        "source_document_id": rule.source_document_id,
-        "source_start": None if rule.source is None else rule.source.start,
-        "source_end": None if rule.source is None else rule.source.end,
-        **extra,
-    }
-    return Document(id=rule.rule_id, page_content=rule.action, metadata=metadata)
-
-
-def _to_document(rule: Rule, verdict: Verdict) -> Document:
-    return rule_document(
-        rule,
-        relevance_score=verdict.relevance,
-        score=verdict.score,
-        reason=verdict.reason,
-        cached=verdict.cached,
-    )
-
-
-def _empty_reason(
-    *,
-    total: int,
-    candidates: int,
-    applicable: int,
-    k: int | None,
-    threshold: float | None,
-    rule_filter: RuleFilter | None,
-    prefiltered: bool,
-) -> str:
-    if total == 0:
-        return "the rulebook has no rules"
-    if candidates == 0 and rule_filter is not None and not prefiltered:
-        return f"the filter {rule_filter!r} excluded all {total} rules"
-    if candidates == 0:
-        return "no rule passed the filter and the prefilter"
-    if applicable == 0:
-        return f"no rule's condition is satisfied by the input ({candidates} judged)"
-    if k == 0:
-        return "k=0"
-    return f"{applicable} rule(s) applied but none reached score_threshold={threshold}"

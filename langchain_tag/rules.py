@@ -28,6 +28,8 @@ from pydantic import (
     model_validator,
 )
 
+from langchain_tag.errors import TAGError
+
 __all__ = [
     "FORMAT_VERSION",
     "NormativeType",
@@ -60,7 +62,7 @@ PROFILE_FIELDS = ("applies_when", "constraint", "violation_check", "does_not_app
 """Optional rule fields used by domain rule-schema profiles (e.g. the NBA matcher)."""
 
 
-class RulebookError(ValueError):
+class RulebookError(TAGError, ValueError):
     """A rulebook file is missing, unreadable or invalid.
 
     The message names the file, the offending field when there is one, and what to

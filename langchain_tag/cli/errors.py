@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from langchain_tag.errors import TAGError
 
-class CommandError(Exception):
+
+class CommandError(TAGError):
     """A problem the user can fix; printed without a traceback."""
 
 

@@ -44,7 +44,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def prefilter_command(args: argparse.Namespace) -> int:
     """Run `tag prefilter train`."""
-    from langchain_tag.matching.learned import LearnedPrefilter  # noqa: PLC0415
+    from langchain_tag.learning.learned_prefilter import LearnedPrefilter  # noqa: PLC0415
     from langchain_tag.rules import Rulebook  # noqa: PLC0415
 
     rulebook = Rulebook.load(args.rulebook)

@@ -86,6 +86,7 @@ def run_command(args: argparse.Namespace) -> int:
                 profile=args.profile,
                 template=args.template,
                 on_error=args.on_error,
+                max_concurrency=args.max_concurrency,
             ),
         )
     except Exception as error:

@@ -18,7 +18,7 @@ from langchain_tag._text import describe_error
 from langchain_tag.cli.errors import CommandError
 
 if TYPE_CHECKING:
-    from langchain_tag.matching.verdict_log import VerdictLog, VerdictLogStats
+    from langchain_tag.learning.verdict_log import VerdictLog, VerdictLogStats
 
 DEFAULT_LOG = Path(".langchain-tag") / "verdicts.sqlite"
 
@@ -89,7 +89,7 @@ def verdicts_command(args: argparse.Namespace) -> int:
 
 def open_log(location: str, table: str | None) -> VerdictLog:
     """The verdict log at `location`, or a one-line error naming what is wrong."""
-    from langchain_tag.matching.verdict_log import open_verdict_log  # noqa: PLC0415
+    from langchain_tag.learning.verdict_log import open_verdict_log  # noqa: PLC0415
 
     postgres = location.startswith(("postgresql://", "postgres://"))
     if not postgres and not Path(location).is_file():

@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from langchain_tag.data import DATA_DIR_ENV, shared_data_dir
+from langchain_tag.errors import TAGError
 from langchain_tag.rules import Rule, Rulebook, SourceDocument, SourceSpan
 
 __all__ = [
@@ -68,7 +69,7 @@ PASSAGE_SEPARATOR = "\n\n"
 """What joins an ObliQA document's passages into the text TAG extracts from."""
 
 
-class DatasetError(ValueError):
+class DatasetError(TAGError, ValueError):
     """A data file is malformed: the message names the file and the record."""
 
 

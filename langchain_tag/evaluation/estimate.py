@@ -59,6 +59,8 @@ from langchain_core.runnables import Runnable, RunnableBinding, RunnableSequence
 from pydantic import BaseModel, Field, model_validator
 
 from langchain_tag.baselines import ChunkApplicabilityRetriever
+from langchain_tag.engine import rule_document
+from langchain_tag.errors import TAGError
 from langchain_tag.evaluation.methods import Method, MethodContext
 from langchain_tag.evaluation.oracle import OracleChatModel
 from langchain_tag.evaluation.runner import method_context
@@ -66,7 +68,7 @@ from langchain_tag.evaluation.tasks import EvalItem, EvalTask, TaskName
 from langchain_tag.execution import ActionOnlyExecutor
 from langchain_tag.matching import ApplicabilityJudge, BaseJudge, CascadeJudge
 from langchain_tag.matching.profiles import ApplicableOutput, RuleSchemaProfile
-from langchain_tag.retrievers import TAGRetriever, rule_document
+from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.rules import Rule
 
 __all__ = [
@@ -225,7 +227,7 @@ def _executor_answer(template: str, text: str) -> str:
 # --- The placeholder model ------------------------------------------------------------
 
 
-class EstimateModeError(RuntimeError):
+class EstimateModeError(TAGError, RuntimeError):
     """A model was asked to answer while estimating, which calls no model."""
 
 
@@ -357,7 +359,7 @@ class _Retrieval:
     known: Known = "exact"
 
 
-class _CannotEstimateError(Exception):
+class _CannotEstimateError(TAGError):
     """A retriever or judge the estimate does not know how to walk."""
 
 
@@ -453,7 +455,8 @@ class _Walker:
         chunks: Sequence[Document] | None = None,
     ) -> _Retrieval:
         # The retriever's own steps, so the shortlist is exactly the run's.
-        candidates, _ = tag.candidates(item.text, tag.filter)
+        plan = tag.engine.plan(item.text, tag.rulebook.rules, tag.options())
+        candidates = plan.candidates
         cost = self.judge(tag.judge, item.text, candidates)
         chosen, known = self._selected(tag, item, candidates, chunks=chunks is not None)
         if tag.k is not None:

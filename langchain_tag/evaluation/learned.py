@@ -30,7 +30,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig
 from pydantic import ConfigDict
 
-from langchain_tag.matching.learned import LearnedPrefilter
+from langchain_tag.learning.learned_prefilter import LearnedPrefilter
 from langchain_tag.rules import Rulebook
 
 __all__ = [

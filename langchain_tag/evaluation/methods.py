@@ -31,6 +31,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig
 
 from langchain_tag import baselines
+from langchain_tag.engine import rule_document
 from langchain_tag.evaluation.learned import KFOLDS, fit_kfold
 from langchain_tag.evaluation.oracle import oracle_judge
 from langchain_tag.evaluation.tasks import EvalTask, TaskName, UnitKind
@@ -40,7 +41,7 @@ from langchain_tag.matching import (
     CascadeJudge,
     prefilters,
 )
-from langchain_tag.retrievers import TAGRetriever, rule_document
+from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.rules import Rulebook
 
 __all__ = [

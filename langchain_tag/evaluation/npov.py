@@ -29,7 +29,7 @@ from typing import Any, Literal, cast
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
-from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
+from langchain_core.runnables import RunnableConfig, ensure_config
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -49,12 +49,12 @@ from langchain_tag._text import (
     json_objects,
     strip_thinking,
 )
+from langchain_tag.errors import TAGError
 from langchain_tag.evaluation.metrics import mean
 from langchain_tag.models import (
     ONE_ATTEMPT,
-    STRUCTURED_PARSE_ERRORS,
     CallRetry,
-    structured_model,
+    StructuredFallback,
     with_settings,
 )
 
@@ -484,7 +484,7 @@ class VFRScores(BaseModel):
         return found
 
 
-class VFRJudgmentError(RuntimeError):
+class VFRJudgmentError(TAGError, RuntimeError):
     """The VFR judge gave no usable answer: unreadable, or the call kept failing.
 
     Never turned into "not fixed": a rewrite without a judgment is no evidence.
@@ -554,9 +554,10 @@ class VFRJudge(BaseModel):
 
     Structured output is used when the model implements it (`structured_output=
     "auto"`); an answer the schema could not parse, or a model without structured
-    output, is read from the first JSON object in its text (a structured call whose
-    SDK raises on an unparseable answer is made again as a text call, under
-    `structured_output="auto"`). An answer that still cannot be read raises
+    output, is read from the first JSON object in its text. A server found to
+    ignore structured output (its answer is no JSON at all) is asked for text from
+    then on, by this judge: the applicability judge's fallback
+    (`models.StructuredFallback`). An answer that still cannot be read raises
     `VFRJudgmentError` and is not retried (at temperature 0 it would come again).
     Transient call errors are retried by `retry`, the one retry layer (the model
     copy's client `max_retries` is set to 0); after the last attempt they raise
@@ -590,16 +591,14 @@ class VFRJudge(BaseModel):
     """`auto`: structured output when the model implements it, else the text."""
     pass_through_threshold: float = Field(default=PASS_THROUGH_THRESHOLD, ge=0, le=1)
 
-    _text_model: BaseChatModel = PrivateAttr()
-    _structured_model: Runnable[Any, Any] | None = PrivateAttr(default=None)
+    _calls: StructuredFallback = PrivateAttr()
 
     def model_post_init(self, context: Any, /) -> None:  # noqa: D102
         model = self.llm
         if self.retry is not None:
             model, _ = with_settings(self.llm, max_retries=0)
-        self._text_model = model
-        self._structured_model = structured_model(
-            model, VFRJudgeOutput, self.structured_output
+        self._calls = StructuredFallback(
+            model, self.structured_output, [VFRJudgeOutput]
         )
 
     def messages(
@@ -636,24 +635,12 @@ class VFRJudge(BaseModel):
         )
 
     def _invoke(self, messages: list[BaseMessage], config: RunnableConfig) -> Any:
-        if self._structured_model is not None:
-            try:
-                return self._structured_model.invoke(messages, config)
-            except STRUCTURED_PARSE_ERRORS:
-                if self.structured_output != "auto":
-                    raise
-        return self._text_model.invoke(messages, config)
+        return self._calls.invoke(messages, config, VFRJudgeOutput)
 
     async def _ainvoke(
         self, messages: list[BaseMessage], config: RunnableConfig
     ) -> Any:
-        if self._structured_model is not None:
-            try:
-                return await self._structured_model.ainvoke(messages, config)
-            except STRUCTURED_PARSE_ERRORS:
-                if self.structured_output != "auto":
-                    raise
-        return await self._text_model.ainvoke(messages, config)
+        return await self._calls.ainvoke(messages, config, VFRJudgeOutput)
 
     def judge(
         self,

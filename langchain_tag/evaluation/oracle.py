@@ -28,6 +28,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import PrivateAttr
 
 from langchain_tag._delimiters import escape_delimiters
+from langchain_tag.errors import TAGError
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     ApplicabilityJudge,
@@ -39,7 +40,7 @@ _SHOWN = 80
 """Characters of an unknown input quoted in the error."""
 
 
-class OracleError(LookupError):
+class OracleError(TAGError, LookupError):
     """The oracle was asked something the gold labels cannot answer."""
 
 

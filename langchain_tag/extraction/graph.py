@@ -33,6 +33,7 @@ from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.stores import BaseStore
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
@@ -44,7 +45,6 @@ from typing_extensions import NotRequired, TypedDict
 
 from langchain_tag._graph import as_documents, coerce_context
 from langchain_tag._text import batches, slug
-from langchain_tag.cache import VerdictCache
 from langchain_tag.extraction import phases, prompts
 from langchain_tag.extraction.phases import (
     AtomicRecord,
@@ -128,7 +128,7 @@ class ExtractionSettings:
     only pairs judged `duplicate`. "preferred": also pairs of any relationship
     whose `preferred_action` is "merge" (the behaviour before this setting). Pairs
     not merged keep their relation on both rules. See `MergePolicy`."""
-    answers: SkipJsonSchema[VerdictCache | None] = None
+    answers: SkipJsonSchema[BaseStore[str, str] | None] = None
     """Model answers kept by prompt. A SQLite store makes each answer durable the
     moment it arrives: a killed run resumes without asking again, and a re-run after
     an edit only sends the changed sections' prompts."""
@@ -280,24 +280,24 @@ def _storable(request: ModelRequest, text: str) -> bool:
 def _call(request: ModelRequest, config: RunnableConfig) -> dict[str, Any]:
     settings = _settings()
     store, key = settings.answers, request["cache_key"]
-    if store is not None and (stored := store.lookup(key)) is not None:
+    if store is not None and (stored := store.mget([key])[0]) is not None:
         return _answered(request, stored, config)
     messages = [SystemMessage(request["system"]), HumanMessage(request["user"])]
     answer = _model(settings).invoke(messages, config)
     if store is not None and _storable(request, answer.text):
-        store.update(key, answer.text)
+        store.mset([(key, answer.text)])
     return _answered(request, answer.text, config, answer)
 
 
 async def _acall(request: ModelRequest, config: RunnableConfig) -> dict[str, Any]:
     settings = _settings()
     store, key = settings.answers, request["cache_key"]
-    if store is not None and (stored := await store.alookup(key)) is not None:
+    if store is not None and (stored := (await store.amget([key]))[0]) is not None:
         return _answered(request, stored, config)
     messages = [SystemMessage(request["system"]), HumanMessage(request["user"])]
     answer = await _model(settings).ainvoke(messages, config)
     if store is not None and _storable(request, answer.text):
-        await store.aupdate(key, answer.text)
+        await store.amset([(key, answer.text)])
     return _answered(request, answer.text, config, answer)
 
 

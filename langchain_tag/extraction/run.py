@@ -22,6 +22,7 @@ from langchain_core.callbacks import Callbacks
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
+from langchain_core.stores import BaseStore
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -29,7 +30,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 
-from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache, VerdictCache
+from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache
 from langchain_tag.extraction.graph import (
     DEFAULT_DOMAIN,
     INVOCATION_KEY,
@@ -127,7 +128,7 @@ ANSWERS_TABLE = "extraction_answers"
 @contextmanager
 def _persistence(
     checkpoint: Checkpoint,
-) -> Iterator[tuple[BaseCheckpointSaver[Any], VerdictCache]]:
+) -> Iterator[tuple[BaseCheckpointSaver[Any], BaseStore[str, str]]]:
     if isinstance(checkpoint, BaseCheckpointSaver):
         yield checkpoint, InMemoryVerdictCache()
         return
@@ -146,7 +147,7 @@ def _persistence(
 @asynccontextmanager
 async def _apersistence(
     checkpoint: Checkpoint,
-) -> AsyncIterator[tuple[BaseCheckpointSaver[Any], VerdictCache]]:
+) -> AsyncIterator[tuple[BaseCheckpointSaver[Any], BaseStore[str, str]]]:
     if isinstance(checkpoint, BaseCheckpointSaver) or checkpoint is None:
         with _persistence(checkpoint) as pair:
             yield pair
@@ -211,7 +212,7 @@ class _Run:
     def graph(
         self,
         saver: BaseCheckpointSaver[Any],
-        answers: VerdictCache,
+        answers: BaseStore[str, str],
         retry: CallRetry | None,
     ) -> CompiledStateGraph[Any, ExtractionSettings, Any, Any]:
         """The graph on `saver`; answers go to the caller's store, else `answers`."""

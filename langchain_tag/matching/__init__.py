@@ -2,8 +2,10 @@
 
 One judgment per (input, rule), the rule's action withheld from the judge.
 
-- `judge`: `ApplicabilityJudge` (one model call per pair), `Verdict`, the errors,
-  and `BaseJudge`, which owns the concurrency-bounded fan-out over many rules.
+- `judge`: `ApplicabilityJudge` (one model call per pair) and `BaseJudge`, which
+  owns the concurrency-bounded fan-out over many rules (run by `_fanout`).
+- `verdicts`: `Verdict`, `JudgmentError`, `VerdictSink`, `UnreliableMatchWarning`.
+- `batched`: several rules judged in one call (`rules_per_call > 1`).
 - `cascade`: `CascadeJudge`, a cheap judge first and a strong one where unsure.
 - `profiles`: what the judge sees of a rule and how it answers (`NBA_PROFILE`, ...).
 - `prompts`, `parsing`: the judge's messages, and reading its answers.
@@ -11,24 +13,23 @@ One judgment per (input, rule), the rule's action withheld from the judge.
 - `prefilters`, `store`: shortlists by similarity (BM25, dense, hybrid, a Chroma
   rule store) before judging; import them from their modules (they load numpy,
   rank-bm25 and chromadb).
-- `verdict_log`, `learned`, `shadow`: the judge's verdicts logged (SQLite or
-  PostgreSQL), a prefilter learned from them (`LearnedPrefilter`), and shadow
-  judging of the pairs it skips, which keeps its recall measured.
+- The judge's verdicts logged, a prefilter learned from them and shadow judging of
+  the pairs it skips are the learning loop: `langchain_tag.learning`.
 """
 
 from langchain_tag.matching.cascade import CascadeJudge, CascadeStats
-from langchain_tag.matching.judge import (
-    ApplicabilityJudge,
-    BaseJudge,
-    JudgmentError,
-    UnreliableMatchWarning,
-    Verdict,
-)
+from langchain_tag.matching.judge import ApplicabilityJudge, BaseJudge
 from langchain_tag.matching.profiles import (
     CONDITION_PROFILE,
     NBA_PROFILE,
     RuleSchemaProfile,
     constraint_profile,
+)
+from langchain_tag.matching.verdicts import (
+    JudgmentError,
+    UnreliableMatchWarning,
+    Verdict,
+    VerdictSink,
 )
 
 __all__ = [
@@ -42,5 +43,6 @@ __all__ = [
     "RuleSchemaProfile",
     "UnreliableMatchWarning",
     "Verdict",
+    "VerdictSink",
     "constraint_profile",
 ]

@@ -7,23 +7,18 @@ profile names), never the action, and answers at temperature 0.
 A judgment that fails after its retries is never silently a NO: the judge either
 raises `JudgmentError` or, under `on_error="not_applicable"`, returns a verdict whose
 `error` is set and warns with `UnreliableMatchWarning`.
+
+The verdict types live in `verdicts`, the fan-out machinery in `_fanout`, judging
+several rules in one call in `batched`; this module holds the judges.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextvars
-import functools
 import hashlib
 import json
-import logging
-import threading
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, ClassVar, Literal
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForChainRun,
@@ -31,34 +26,19 @@ from langchain_core.callbacks import (
 )
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
-from langchain_core.runnables import (
-    Runnable,
-    RunnableConfig,
-    RunnableSerializable,
-    ensure_config,
-)
-from langchain_core.runnables.config import ContextThreadPoolExecutor
+from langchain_core.runnables import RunnableConfig, RunnableSerializable, ensure_config
+from langchain_core.stores import BaseStore
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    Retrying,
-)
+from tenacity import AsyncRetrying, Retrying
 
-from langchain_tag._text import (
-    answer_text,
-    batches,
-    check_text,
-    describe_error,
-    digest,
-)
-from langchain_tag.cache import InMemoryVerdictCache, VerdictCache
-from langchain_tag.matching import prompts
+from langchain_tag._text import answer_text, check_text, describe_error, digest
+from langchain_tag.cache import InMemoryVerdictCache
+from langchain_tag.matching import _fanout, batched, prompts
+from langchain_tag.matching._fanout import judgment_config
 from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.matching.parsing import (
     REFUSAL,
     ParsedVerdict,
-    parse_batch,
     parse_verdict,
     score_from_logprobs,
 )
@@ -68,139 +48,31 @@ from langchain_tag.matching.profiles import (
     RuleSchemaProfile,
     YesNoOutput,
 )
+from langchain_tag.matching.verdicts import (
+    JudgmentError,
+    UnreliableMatchWarning,
+    Verdict,
+    VerdictSink,
+    warn_failures,
+)
 from langchain_tag.models import (
     ONE_ATTEMPT,
-    STRUCTURED_PARSE_ERRORS,
     CallRetry,
-    is_rate_limit,
+    StructuredFallback,
     model_identity,
-    structured_model,
     with_settings,
 )
 from langchain_tag.rules import Rule
 
-
-class Verdict(BaseModel):
-    """The outcome of judging one rule against one input."""
-
-    model_config = ConfigDict(frozen=True)
-
-    rule_id: str
-    applies: bool
-    score: float | None = Field(
-        default=None,
-        ge=0.0,
-        le=1.0,
-        description="P(YES) / (P(YES) + P(NO)) from the model's logprobs, if any.",
-    )
-    reason: str | None = None
-    error: str | None = Field(
-        default=None,
-        description="Why the judgment failed; `applies` is then False by policy only.",
-    )
-    cached: bool = False
-    decided_by: str | None = Field(
-        default=None,
-        description="The stage of a `CascadeJudge` that decided (`cheap` or "
-        "`strong`); None for a single judge.",
-    )
-
-    @property
-    def failed(self) -> bool:
-        """True if the judgment failed and `applies` was decided by the error policy."""
-        return self.error is not None
-
-    @property
-    def relevance(self) -> float:
-        """What ranks applicable rules: the score, or 1.0 for an unscored verdict."""
-        return 1.0 if self.score is None else self.score
-
-
-def check_selection(k: object, threshold: object) -> None:
-    """Refuse a `k` or `score_threshold` that `select_applicable` cannot honour.
-
-    Checked before any judgment, so a bad option costs no model call.
-
-    Raises:
-        ValueError: `k` is not None or an int >= 0, or `threshold` is not None or a
-            number in [0, 1].
-    """
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
-        msg = f"k must be None or an integer >= 0, got {k!r}."
-        raise ValueError(msg)
-    if threshold is not None and (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, int | float)
-        or not 0.0 <= threshold <= 1.0
-    ):
-        msg = f"score_threshold must be None or a number in [0, 1], got {threshold!r}."
-        raise ValueError(msg)
-
-
-def select_applicable(
-    verdicts: Sequence[Verdict],
-    order: Sequence[str],
-    *,
-    k: int | None = None,
-    threshold: float | None = None,
-) -> list[Verdict]:
-    """The applicable verdicts to return, best first.
-
-    Ranked by relevance, then by the rules' `order` (rulebook order); those below
-    `threshold`, of rules not in `order`, and past the first `k` are left out.
-    """
-    position = {rule_id: i for i, rule_id in enumerate(order)}
-    kept = [
-        v
-        for v in verdicts
-        if v.applies
-        and v.rule_id in position
-        and (threshold is None or v.relevance >= threshold)
-    ]
-    kept.sort(key=lambda v: (-v.relevance, position[v.rule_id]))
-    return kept if k is None else kept[:k]
-
-
-class JudgmentError(RuntimeError):
-    """A judgment failed after its retries under `on_error="raise"`.
-
-    `transient` tells whether the last error was one worth retrying later (a rate
-    limit, a timeout): an outer retry, such as a LangGraph node's, may try again.
-    """
-
-    def __init__(self, rule_id: str, error: str, *, transient: bool = False) -> None:
-        """Record which rule's judgment failed and why."""
-        self.rule_id = rule_id
-        self.error = error
-        self.transient = transient
-        super().__init__(
-            f"Judging rule {rule_id!r} failed: {error}. Nothing was assumed about it; "
-            "retry later, or set on_error='not_applicable' to continue with such "
-            "rules flagged as unjudged."
-        )
-
-
-@runtime_checkable
-class VerdictSink(Protocol):
-    """Where a judge appends each judgment it makes (a `VerdictLog`)."""
-
-    def record(self, text: str, rule: Rule, verdict: Verdict, **fields: Any) -> None:
-        """Append one judgment."""
-
-    async def arecord(
-        self, text: str, rule: Rule, verdict: Verdict, **fields: Any
-    ) -> None:
-        """Async `record`."""
-
-
-EXPLORED = "tag_explored"
-"""Run-config metadata: the rule ids a fan-out judges as shadow judgments."""
-EXPLORE_RATE = "tag_explore_rate"
-"""Run-config metadata: the rate at which those rules were drawn."""
-
-
-class UnreliableMatchWarning(UserWarning):
-    """Some judgments failed and were treated as not applicable by policy."""
+__all__ = [
+    "ApplicabilityJudge",
+    "BaseJudge",
+    "JudgeInput",
+    "JudgmentError",
+    "UnreliableMatchWarning",
+    "Verdict",
+    "VerdictSink",
+]
 
 
 JudgeInput = tuple[str, Rule] | Mapping[str, Any]
@@ -224,77 +96,6 @@ def _unpack(request: JudgeInput) -> tuple[str, Rule]:
         )
         raise TypeError(msg)
     return check_text(text, "The judged input"), rule
-
-
-_MAX_THREADS = 64
-
-
-@dataclass(frozen=True)
-class _FanOut:
-    """What the judgments of one fan-out share, seen from inside a judgment."""
-
-    limiter: ConcurrencyLimiter
-    failed: threading.Event | None = None
-    """Sync fan-outs: set once a judgment failed for good (stop the others)."""
-
-
-_FAN_OUT: contextvars.ContextVar[_FanOut | None] = contextvars.ContextVar(
-    "tag_fan_out", default=None
-)
-
-
-class _Abandoned(Exception):  # noqa: N818 - never raised to callers
-    """A judgment given up because another one of its fan-out failed for good."""
-
-
-def _give_up_if_abandoned() -> None:
-    fan_out = _FAN_OUT.get()
-    if fan_out is not None and fan_out.failed is not None and fan_out.failed.is_set():
-        raise _Abandoned
-
-
-# Retry hooks. `tag_waited_until` on the retry state: the end of the pause this
-# judgment has just slept through, so it waits only for a later one.
-def _before_attempt(state: RetryCallState) -> None:
-    _give_up_if_abandoned()
-    fan_out = _FAN_OUT.get()
-    if fan_out is not None:
-        fan_out.limiter.wait_turn(getattr(state, "tag_waited_until", None))
-
-
-async def _abefore_attempt(state: RetryCallState) -> None:
-    fan_out = _FAN_OUT.get()
-    if fan_out is not None:
-        await fan_out.limiter.await_turn(getattr(state, "tag_waited_until", None))
-
-
-def _succeeded() -> None:
-    fan_out = _FAN_OUT.get()
-    if fan_out is not None:
-        fan_out.limiter.succeeded()
-
-
-_RetryingT = TypeVar("_RetryingT", Retrying, AsyncRetrying)
-
-
-def _wait(retry: CallRetry, state: RetryCallState) -> float:
-    error = state.outcome.exception() if state.outcome is not None else None
-    delay = retry.delay(state.attempt_number, error)
-    fan_out = _FAN_OUT.get()
-    if fan_out is not None:
-        # This judgment sleeps `delay` now; before its next attempt it waits only
-        # for what a pause of the fan-out adds beyond that.
-        state.tag_waited_until = fan_out.limiter.back_off(  # type: ignore[attr-defined]
-            delay, rate_limited=is_rate_limit(error)
-        )
-    return delay
-
-
-logger = logging.getLogger(__name__)
-
-_IGNORES_STRUCTURED_OUTPUT: set[str] = set()
-"""Identities of the models found to answer structured-output requests in prose."""
-_FALLBACK_LOCK = threading.Lock()
 
 
 class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
@@ -367,7 +168,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         self, text: str, unit: Sequence[Rule], config: RunnableConfig
     ) -> list[Verdict]:
         return [
-            self.judge_pair((text, rule), _judgment_config(config, rule))
+            self.judge_pair((text, rule), judgment_config(config, rule))
             for rule in unit
         ]
 
@@ -375,7 +176,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         self, text: str, unit: Sequence[Rule], config: RunnableConfig
     ) -> list[Verdict]:
         return [
-            await self.ajudge_pair((text, rule), _judgment_config(config, rule))
+            await self.ajudge_pair((text, rule), judgment_config(config, rule))
             for rule in unit
         ]
 
@@ -384,7 +185,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
     ) -> Verdict:
         """Judge one (input, rule) pair."""
         verdict = self._call_with_config(self._judge, input, config, **kwargs)
-        _warn_failures([verdict], 1)
+        warn_failures([verdict], 1)
         return verdict
 
     async def ainvoke(
@@ -392,7 +193,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
     ) -> Verdict:
         """Judge one (input, rule) pair, asynchronously."""
         verdict = await self._acall_with_config(self._ajudge, input, config, **kwargs)
-        _warn_failures([verdict], 1)
+        warn_failures([verdict], 1)
         return verdict
 
     def judge_rules(
@@ -402,12 +203,13 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         config: RunnableConfig | None = None,
         *,
         limiter: ConcurrencyLimiter | None = None,
+        explored: Mapping[str, float] | None = None,
     ) -> list[Verdict]:
         """Judge every rule against `text` in worker threads, in rule order.
 
         Under `on_error="raise"` the first failure stops the fan-out: judgments not
-        started are dropped, running ones make no further attempt, and the error
-        propagates.
+        started are dropped, running ones make no further attempt, and that
+        failure's `JudgmentError` propagates.
 
         Args:
             text: The input.
@@ -417,51 +219,20 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
                 concurrent calls. Defaults to `config["max_concurrency"]`. A judgment
                 holds its slot through its retries, so backing off also slows the
                 pace against a rate-limited API.
+            explored: Rule id -> the exploration rate at which the rule was drawn
+                for shadow judging; the verdict log marks those verdicts with it.
         """
         config = ensure_config(config)
         limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
         if not rules:
             return []
-
-        failed = threading.Event()
-
-        def judge_one(unit: Sequence[Rule]) -> list[Verdict]:
-            with limiter.hold():
-                # In this task's own copy of the context.
-                _FAN_OUT.set(_FanOut(limiter, failed))
-                _give_up_if_abandoned()
-                try:
-                    return self._judge_unit(text, unit, config)
-                except _Abandoned:
-                    raise
-                except BaseException:
-                    # Set here, before this worker takes the next queued rule.
-                    failed.set()
-                    raise
-
-        units = self.call_units(rules)
-        workers = min(len(units), limiter.bound or _MAX_THREADS)
-        with ContextThreadPoolExecutor(max_workers=workers) as executor:
-            futures = [executor.submit(judge_one, unit) for unit in units]
-            try:
-                # The first failure is raised when it happens, not when the
-                # judgments before it in rule order are done.
-                concurrent.futures.wait(
-                    futures, return_when=concurrent.futures.FIRST_EXCEPTION
-                )
-                for future in futures:
-                    if future.done() and future.exception() is not None:
-                        future.result()
-                verdicts = [v for future in futures for v in future.result()]
-            except BaseException:
-                # Queued judgments are dropped; running ones stop before their
-                # next attempt, so leaving the pool waits for at most one call or
-                # backoff pause each.
-                failed.set()
-                for future in futures:
-                    future.cancel()
-                raise
-        _warn_failures(verdicts, len(rules))
+        verdicts = _fanout.in_threads(
+            lambda unit: self._judge_unit(text, unit, config),
+            self.call_units(rules),
+            limiter,
+            explored or {},
+        )
+        warn_failures(verdicts, len(rules))
         return verdicts
 
     async def ajudge_rules(
@@ -471,6 +242,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         config: RunnableConfig | None = None,
         *,
         limiter: ConcurrencyLimiter | None = None,
+        explored: Mapping[str, float] | None = None,
     ) -> list[Verdict]:
         """Judge every rule against `text` concurrently, in rule order.
 
@@ -479,22 +251,13 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         """
         config = ensure_config(config)
         limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
-
-        async def judge_one(unit: Sequence[Rule]) -> list[Verdict]:
-            # The slot is taken before any work, so queued judgments cost nothing.
-            async with limiter.ahold():
-                _FAN_OUT.set(_FanOut(limiter))  # each task runs in a context copy
-                return await self._ajudge_unit(text, unit, config)
-
-        tasks = [asyncio.ensure_future(judge_one(u)) for u in self.call_units(rules)]
-        try:
-            verdicts = [v for unit in await asyncio.gather(*tasks) for v in unit]
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        _warn_failures(verdicts, len(rules))
+        verdicts = await _fanout.in_tasks(
+            lambda unit: self._ajudge_unit(text, unit, config),
+            self.call_units(rules),
+            limiter,
+            explored or {},
+        )
+        warn_failures(verdicts, len(rules))
         return verdicts
 
 
@@ -502,8 +265,10 @@ class ApplicabilityJudge(BaseJudge):
     """A Runnable that judges whether an input satisfies one rule's condition.
 
     Works with any `BaseChatModel`: structured output where the model supports it,
-    otherwise a lenient text parser. Each call is one model call (never several rules
-    in one prompt), at temperature 0 unless told otherwise.
+    otherwise a lenient text parser (`models.StructuredFallback`: a server found to
+    ignore structured output is judged from its text by this judge from then on).
+    Each call is one model call, at temperature 0 unless told otherwise; several
+    rules in one call only with `rules_per_call` (`batched`).
 
     Example:
         ```python
@@ -539,11 +304,13 @@ class ApplicabilityJudge(BaseJudge):
     None makes one attempt and leaves the model's client retries as they are."""
     on_error: Literal["raise", "not_applicable"] = "raise"
     """After retries: raise `JudgmentError`, or flag the verdict and treat it as NO."""
-    cache: VerdictCache | None = Field(default_factory=InMemoryVerdictCache)
-    """Where verdicts are remembered; None disables caching."""
+    cache: BaseStore[str, str] | None = Field(default_factory=InMemoryVerdictCache)
+    """Where verdicts are remembered (any `BaseStore[str, str]`: the in-memory
+    LRU, `SQLiteVerdictCache`, a LangChain store); None disables caching."""
     verdict_log: VerdictSink | None = None
     """Where every judgment made (not cache hits) is appended, to learn from (a
-    `langchain_tag.matching.verdict_log.VerdictLog`); None keeps none."""
+    `VerdictLog` of `langchain_tag.learning`); None keeps none. Verdicts of rules a
+    fan-out judges for exploration (`explored=`) are marked with their rate."""
     log_source: str = "judge"
     """How the log marks this judge's verdicts (a cascade's stages and the
     relevance baseline mark theirs, so that training can leave them out)."""
@@ -555,9 +322,7 @@ class ApplicabilityJudge(BaseJudge):
     missing from, repeated in or unreadable in the answer is judged again alone.
     Batched verdicts carry no logprob score."""
 
-    _text_model: BaseChatModel = PrivateAttr()
-    _structured_model: Runnable[Any, Any] | None = PrivateAttr(default=None)
-    _batch_structured_model: Runnable[Any, Any] | None = PrivateAttr(default=None)
+    _calls: StructuredFallback = PrivateAttr()
     _key_prefix: str = PrivateAttr(default="")
     _identity: str = PrivateAttr(default="")
 
@@ -592,14 +357,14 @@ class ApplicabilityJudge(BaseJudge):
                 *(["batch"] if self.rules_per_call > 1 else []),
             ]
         )
-        self._text_model = model
-        self._structured_model = self._output_runnable(
-            model, self.profile.output_schema
-        )
-        if self.profile.batch_output_schema is not None and self.rules_per_call > 1:
-            self._batch_structured_model = self._output_runnable(
-                model, self.profile.batch_output_schema
-            )
+        self._calls = StructuredFallback(model, self.structured_output, self._schemas())
+
+    def _schemas(self) -> list[type[BaseModel]]:
+        batch = self.profile.batch_output_schema
+        return [
+            self.profile.output_schema,
+            *([batch] if batch is not None and self.rules_per_call > 1 else []),
+        ]
 
     @property
     def final_llm(self) -> BaseChatModel:
@@ -611,9 +376,16 @@ class ApplicabilityJudge(BaseJudge):
         return self.remade(retry=retry)
 
     def remade(self, **changes: Any) -> ApplicabilityJudge:
-        """A judge like this one with `changes` to its fields, set up anew."""
+        """A judge like this one with `changes` to its fields, set up anew.
+
+        On the same model it remembers what this one learnt: a server that ignores
+        structured output is judged from its text from the start.
+        """
         fields = {name: getattr(self, name) for name in type(self).model_fields}
-        return type(self)(**{**fields, **changes})
+        judge = type(self)(**{**fields, **changes})
+        if "llm" not in changes:
+            judge._calls.remember(self._calls)  # noqa: SLF001 - same class
+        return judge
 
     def _configured_model(self) -> BaseChatModel:
         logprobs = (
@@ -635,64 +407,19 @@ class ApplicabilityJudge(BaseJudge):
             raise ValueError(msg)
         return model
 
-    def _output_runnable(
-        self, model: BaseChatModel, schema: type[BaseModel]
-    ) -> Runnable[Any, Any] | None:
-        return structured_model(
-            model,
-            schema,
-            self.structured_output,
-            ignored=model_identity(model) in _IGNORES_STRUCTURED_OUTPUT,
-        )
-
-    def _falls_back(self, error: Exception) -> bool:
-        """Whether a structured call's `error` means: read this model's text instead.
-
-        Some OpenAI-compatible servers ignore `response_format` and answer in prose,
-        which the SDK's schema parsing refuses before our lenient parser could read
-        it. Under `structured_output="auto"` that model is judged from its text from
-        then on (remembered per model, for every judge).
-        """
-        if self.structured_output != "auto" or not isinstance(
-            error, STRUCTURED_PARSE_ERRORS
-        ):
-            return False
-        with _FALLBACK_LOCK:
-            first = self._identity not in _IGNORES_STRUCTURED_OUTPUT
-            _IGNORES_STRUCTURED_OUTPUT.add(self._identity)
-        if first:
-            logger.warning(
-                "%s answered a structured-output request with text the schema could "
-                "not parse (%s); judging it with the text parser from now on.",
-                type(self._text_model).__name__,
-                describe_error(error)[:200],
-            )
-        self._structured_model = self._batch_structured_model = None
-        return True
-
     def _invoke(
         self, messages: list[BaseMessage], config: RunnableConfig, *, batch: bool
     ) -> Any:
-        structured = self._batch_structured_model if batch else self._structured_model
-        if structured is not None:
-            try:
-                return structured.invoke(messages, config)
-            except Exception as error:
-                if not self._falls_back(error):
-                    raise
-        return self._text_model.invoke(messages, config)
+        return self._calls.invoke(messages, config, self._schema(batch=batch))
 
     async def _ainvoke(
         self, messages: list[BaseMessage], config: RunnableConfig, *, batch: bool
     ) -> Any:
-        structured = self._batch_structured_model if batch else self._structured_model
-        if structured is not None:
-            try:
-                return await structured.ainvoke(messages, config)
-            except Exception as error:
-                if not self._falls_back(error):
-                    raise
-        return await self._text_model.ainvoke(messages, config)
+        return await self._calls.ainvoke(messages, config, self._schema(batch=batch))
+
+    def _schema(self, *, batch: bool) -> type[BaseModel]:
+        schema = self.profile.batch_output_schema if batch else None
+        return schema or self.profile.output_schema
 
     # -- prompt -----------------------------------------------------------------------
 
@@ -775,7 +502,8 @@ class ApplicabilityJudge(BaseJudge):
         )
 
     def _read(self, rule: Rule, output: Any) -> Verdict:
-        # Whatever shape the output has, a failure to read it is a failed judgment.
+        """The verdict of a call that went through; unreadable, a failed judgment."""
+        _fanout.succeeded()
         try:
             return self._from_output(rule, output)
         except JudgmentError:
@@ -788,23 +516,20 @@ class ApplicabilityJudge(BaseJudge):
             raise JudgmentError(rule.rule_id, error, transient=transient)
         return Verdict(rule_id=rule.rule_id, applies=False, error=error)
 
-    def _retrying(self, retrying: type[_RetryingT]) -> _RetryingT:
-        """Our retries: the one layer (the model's client retries are off).
-
-        Before each attempt a judgment waits out the fan-out's shared pause (after
-        a rate limit, all wait; under on_error="raise" a sibling's failure ends
-        the fan-out); a wait the provider asks for (`Retry-After`) is honoured.
-        """
-        retry = self.retry or ONE_ATTEMPT
-        return retry.retrying(
-            retrying,
-            wait=functools.partial(_wait, retry),
-            before=_abefore_attempt if retrying is AsyncRetrying else _before_attempt,
-        )
+    def _retrying(self, kind: type[_fanout.RetryingT]) -> _fanout.RetryingT:
+        return _fanout.retrying(self.retry, kind)
 
     def _given_up(
         self, rule: Rule, error: Exception, retrying: Retrying | AsyncRetrying
     ) -> Verdict:
+        """The failed verdict of a call that failed after its retries.
+
+        Raises:
+            Abandoned: `error` is one (another judgment of the fan-out failed).
+            JudgmentError: Under `on_error="raise"`.
+        """
+        if isinstance(error, _fanout.Abandoned):
+            raise error
         attempts = retrying.statistics.get("attempt_number", 1)
         return self._failed(
             rule,
@@ -812,41 +537,79 @@ class ApplicabilityJudge(BaseJudge):
             transient=(self.retry or ONE_ATTEMPT).is_transient(error),
         )
 
-    def _log_fields(self, rule: Rule, config: RunnableConfig) -> dict[str, Any]:
-        metadata = config.get("metadata") or {}
-        explored = rule.rule_id in metadata.get(EXPLORED, ())
+    # -- the cache and the log: the pure parts shared by the sync and async paths --
+
+    def _keys(self, text: str, rules: Sequence[Rule]) -> list[str]:
+        return [self.cache_key(text, rule) for rule in rules]
+
+    @staticmethod
+    def _hits(
+        rules: Sequence[Rule], stored: Sequence[str | None]
+    ) -> dict[str, Verdict]:
+        return {
+            rule.rule_id: Verdict.model_validate_json(value).model_copy(
+                update={"cached": True, "rule_id": rule.rule_id}
+            )
+            for rule, value in zip(rules, stored, strict=False)
+            if value is not None
+        }
+
+    @staticmethod
+    def _stored(
+        keys: Sequence[str], verdicts: Sequence[Verdict]
+    ) -> list[tuple[str, str]]:
+        # Only successful verdicts: a failed one is judged again next time.
+        return [
+            (key, verdict.model_dump_json())
+            for key, verdict in zip(keys, verdicts, strict=True)
+            if not verdict.failed
+        ]
+
+    def _recall(self, text: str, rules: Sequence[Rule]) -> dict[str, Verdict]:
+        """The cached verdicts of `rules` on `text`, by rule id."""
+        if self.cache is None:
+            return {}
+        return self._hits(rules, self.cache.mget(self._keys(text, rules)))
+
+    async def _arecall(self, text: str, rules: Sequence[Rule]) -> dict[str, Verdict]:
+        if self.cache is None:
+            return {}
+        return self._hits(rules, await self.cache.amget(self._keys(text, rules)))
+
+    def _remember(
+        self, text: str, rules: Sequence[Rule], verdicts: Sequence[Verdict]
+    ) -> None:
+        if self.cache is not None:
+            self.cache.mset(self._stored(self._keys(text, rules), verdicts))
+
+    async def _aremember(
+        self, text: str, rules: Sequence[Rule], verdicts: Sequence[Verdict]
+    ) -> None:
+        if self.cache is not None:
+            await self.cache.amset(self._stored(self._keys(text, rules), verdicts))
+
+    def _log_fields(self, rule: Rule) -> dict[str, Any]:
         return {
             "model": self._identity,
             "prompt_version": prompts.PROMPT_VERSION,
             "profile": self.profile.name,
             "source": self.log_source,
-            "explore": metadata.get(EXPLORE_RATE) if explored else None,
+            "explore": _fanout.explore_rate(rule.rule_id),
         }
 
-    def _logged(
-        self, text: str, rule: Rule, verdict: Verdict, config: RunnableConfig
-    ) -> Verdict:
+    def _logged(self, text: str, rule: Rule, verdict: Verdict) -> Verdict:
         if self.verdict_log is not None:
-            self.verdict_log.record(
-                text, rule, verdict, **self._log_fields(rule, config)
-            )
+            self.verdict_log.record(text, rule, verdict, **self._log_fields(rule))
         return verdict
 
-    async def _alogged(
-        self, text: str, rule: Rule, verdict: Verdict, config: RunnableConfig
-    ) -> Verdict:
+    async def _alogged(self, text: str, rule: Rule, verdict: Verdict) -> Verdict:
         if self.verdict_log is not None:
             await self.verdict_log.arecord(
-                text, rule, verdict, **self._log_fields(rule, config)
+                text, rule, verdict, **self._log_fields(rule)
             )
         return verdict
 
-    def _cached(self, hit: str | None, rule: Rule) -> Verdict | None:
-        if hit is None:
-            return None
-        return Verdict.model_validate_json(hit).model_copy(
-            update={"cached": True, "rule_id": rule.rule_id}
-        )
+    # -- the judgment: native async only where it awaits ------------------------------
 
     def _judge(
         self,
@@ -855,27 +618,18 @@ class ApplicabilityJudge(BaseJudge):
         config: RunnableConfig,
     ) -> Verdict:
         text, rule = _unpack(request)
-        key = self.cache_key(text, rule) if self.cache is not None else ""
-        if self.cache is not None and (
-            hit := self._cached(self.cache.lookup(key), rule)
-        ):
-            return hit
+        if hit := self._recall(text, [rule]):
+            return hit[rule.rule_id]
         retrying = self._retrying(Retrying)
         try:
             output = retrying(
                 self._invoke, self.messages(text, rule), config, batch=False
             )
-        except _Abandoned:
-            raise
         except Exception as error:  # noqa: BLE001 - every failure is reported
-            return self._logged(
-                text, rule, self._given_up(rule, error, retrying), config
-            )
-        _succeeded()
+            return self._logged(text, rule, self._given_up(rule, error, retrying))
         verdict = self._read(rule, output)
-        if self.cache is not None and not verdict.failed:
-            self.cache.update(key, verdict.model_dump_json())
-        return self._logged(text, rule, verdict, config)
+        self._remember(text, [rule], [verdict])
+        return self._logged(text, rule, verdict)
 
     async def _ajudge(
         self,
@@ -884,11 +638,8 @@ class ApplicabilityJudge(BaseJudge):
         config: RunnableConfig,
     ) -> Verdict:
         text, rule = _unpack(request)
-        key = self.cache_key(text, rule) if self.cache is not None else ""
-        if self.cache is not None and (
-            hit := self._cached(await self.cache.alookup(key), rule)
-        ):
-            return hit
+        if hit := await self._arecall(text, [rule]):
+            return hit[rule.rule_id]
         retrying = self._retrying(AsyncRetrying)
         try:
             output: Any = await retrying(
@@ -896,180 +647,34 @@ class ApplicabilityJudge(BaseJudge):
             )
         except Exception as error:  # noqa: BLE001 - every failure is reported
             failed = self._given_up(rule, error, retrying)
-            return await self._alogged(text, rule, failed, config)
-        _succeeded()
+            return await self._alogged(text, rule, failed)
         verdict = self._read(rule, output)
-        if self.cache is not None and not verdict.failed:
-            await self.cache.aupdate(key, verdict.model_dump_json())
-        return await self._alogged(text, rule, verdict, config)
+        await self._aremember(text, [rule], [verdict])
+        return await self._alogged(text, rule, verdict)
 
-    # -- several rules per call -------------------------------------------------------
+    # -- several rules per call (`batched`) -------------------------------------------
 
     def call_units(self, rules: Sequence[Rule]) -> list[Sequence[Rule]]:
         """`rules_per_call` rules per unit."""
-        return list(batches(rules, self.rules_per_call))
+        return batched.units(rules, self.rules_per_call)
 
     def batch_messages(self, text: str, rules: Sequence[Rule]) -> list[BaseMessage]:
         """The messages that judge several `rules` against `text` in one call."""
-        fields = [
-            [
-                *(
-                    []
-                    if "rule_id" in self.profile.rule_fields
-                    else [("rule_id", r.rule_id)]
-                ),
-                *self.judged_fields(r),
-            ]
-            for r in rules
-        ]
-        return [
-            SystemMessage(self.profile.batch_system_prompt),
-            HumanMessage(
-                prompts.render_judge_batch_message(
-                    text, fields, str(self.profile.batch_output_instruction)
-                )
-            ),
-        ]
+        return batched.batch_messages(self, text, rules)
 
     def _judge_unit(
         self, text: str, unit: Sequence[Rule], config: RunnableConfig
     ) -> list[Verdict]:
         if len(unit) == 1:
             return super()._judge_unit(text, unit, config)
-        check_text(text, "The judged input")
-        cache, keys = self.cache, {r.rule_id: self.cache_key(text, r) for r in unit}
-        known = {
-            rule.rule_id: hit
-            for rule in unit
-            if cache is not None
-            and (hit := self._cached(cache.lookup(keys[rule.rule_id]), rule))
-        }
-        asked = [rule for rule in unit if rule.rule_id not in known]
-        if len(asked) > 1:
-            retrying = self._retrying(Retrying)
-            try:
-                output = retrying(
-                    self._invoke,
-                    self.batch_messages(text, asked),
-                    _judgment_config(config, *asked),
-                    batch=True,
-                )
-            except _Abandoned:
-                raise
-            except Exception as error:  # noqa: BLE001 - every failure is reported
-                return [
-                    known.get(r.rule_id)
-                    or self._logged(text, r, self._given_up(r, error, retrying), config)
-                    for r in unit
-                ]
-            _succeeded()
-            for rule, verdict in self._read_batch(asked, output):
-                known[rule.rule_id] = self._logged(text, rule, verdict, config)
-                if cache is not None:
-                    cache.update(keys[rule.rule_id], verdict.model_dump_json())
-        # A rule the answer left out, repeated or garbled is judged again alone.
-        return [
-            known.get(rule.rule_id)
-            or self.judge_pair((text, rule), _judgment_config(config, rule))
-            for rule in unit
-        ]
+        return batched.judge_unit(self, text, unit, config)
 
     async def _ajudge_unit(
         self, text: str, unit: Sequence[Rule], config: RunnableConfig
     ) -> list[Verdict]:
         if len(unit) == 1:
             return await super()._ajudge_unit(text, unit, config)
-        check_text(text, "The judged input")
-        cache, keys = self.cache, {r.rule_id: self.cache_key(text, r) for r in unit}
-        known = {}
-        for rule in unit:
-            if cache is not None and (
-                hit := self._cached(await cache.alookup(keys[rule.rule_id]), rule)
-            ):
-                known[rule.rule_id] = hit
-        asked = [rule for rule in unit if rule.rule_id not in known]
-        if len(asked) > 1:
-            retrying = self._retrying(AsyncRetrying)
-            try:
-                output: Any = await retrying(
-                    self._ainvoke,
-                    self.batch_messages(text, asked),
-                    _judgment_config(config, *asked),
-                    batch=True,
-                )
-            except Exception as error:  # noqa: BLE001 - every failure is reported
-                failures = {
-                    r.rule_id: self._given_up(r, error, retrying)
-                    for r in unit
-                    if r.rule_id not in known
-                }
-                for rule in unit:
-                    if rule.rule_id in failures:
-                        await self._alogged(text, rule, failures[rule.rule_id], config)
-                return [known.get(r.rule_id) or failures[r.rule_id] for r in unit]
-            _succeeded()
-            for rule, verdict in self._read_batch(asked, output):
-                known[rule.rule_id] = await self._alogged(text, rule, verdict, config)
-                if cache is not None:
-                    await cache.aupdate(keys[rule.rule_id], verdict.model_dump_json())
-        return [
-            known.get(rule.rule_id)
-            or await self.ajudge_pair((text, rule), _judgment_config(config, rule))
-            for rule in unit
-        ]
-
-    def _read_batch(
-        self, rules: Sequence[Rule], output: Any
-    ) -> list[tuple[Rule, Verdict]]:
-        """The verdicts an answer on several rules gives; only the clear ones.
-
-        A rule the answer does not name, names twice, or decides in a format that
-        was not asked for gets no verdict here (it is judged again alone).
-        """
-        schema = self.profile.output_schema
-        try:
-            if isinstance(output, Mapping):  # structured: {"raw", "parsed", ...}
-                parsed = output.get("parsed")
-                decided = parse_batch(
-                    parsed if parsed is not None else output["raw"].text,
-                    schema=schema,
-                )
-            else:
-                decided = parse_batch(output.text, schema=schema)
-        except Exception:  # noqa: BLE001 - an unreadable answer decides nothing
-            return []
-        verdicts = []
-        for rule in rules:
-            decisions = decided.get(rule.rule_id, [])
-            if len(decisions) == 1:
-                verdicts.append(
-                    (
-                        rule,
-                        Verdict(
-                            rule_id=rule.rule_id,
-                            applies=decisions[0].applies,
-                            reason=decisions[0].reason,
-                        ),
-                    )
-                )
-        return verdicts
-
-
-def _judgment_config(config: RunnableConfig, *rules: Rule) -> RunnableConfig:
-    # One model run per call, named after its rules, so a trace reads like the
-    # fan-out.
-    ids = [rule.rule_id for rule in rules]
-    named = {"tag_rule_id": ids[0]} if len(ids) == 1 else {"tag_rule_ids": ids}
-    child = cast(
-        "RunnableConfig",
-        {
-            **config,
-            "run_name": "judge:" + "+".join(ids),
-            "metadata": {**config.get("metadata", {}), **named},
-        },
-    )
-    child.pop("run_id", None)
-    return child
+        return await batched.ajudge_unit(self, text, unit, config)
 
 
 def _unreadable(answer: str) -> str:
@@ -1082,16 +687,3 @@ def _unreadable(answer: str) -> str:
         else ""
     )
     return f"unparseable judge output{kind} {answer[:200]!r}"
-
-
-def _warn_failures(verdicts: Sequence[Verdict], total: int) -> None:
-    failed = [v.rule_id for v in verdicts if v.failed]
-    if failed:
-        shown = ", ".join(failed[:10]) + (" ..." if len(failed) > 10 else "")  # noqa: PLR2004
-        warnings.warn(
-            f"{len(failed)} of {total} judgments failed and were treated as not "
-            f"applicable (on_error='not_applicable'): {shown}. Their verdicts carry "
-            "the error.",
-            UnreliableMatchWarning,
-            stacklevel=3,
-        )

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from langchain_tag import Verdict
-from langchain_tag.matching.learned import FeatureHashing, LearnedPrefilter
-from langchain_tag.matching.verdict_log import (
+from langchain_tag.learning.learned_prefilter import FeatureHashing, LearnedPrefilter
+from langchain_tag.learning.verdict_log import (
     PostgresVerdictLog,
     Retention,
     SQLiteVerdictLog,

@@ -543,8 +543,10 @@ def test_chunk_applicability_rejects_bad_input(llm: RuleAwareFakeChatModel) -> N
 
 
 @pytest.mark.parametrize("use_async", [False, True])
-def test_chunk_applicability_is_bounded(*, use_async: bool) -> None:
-    llm = RuleAwareFakeChatModel(latency=0.02)
+def test_chunk_applicability_is_bounded(
+    overlapping_llm: RuleAwareFakeChatModel, *, use_async: bool
+) -> None:
+    llm = overlapping_llm  # two calls in flight at once, without a latency
     chunks = [
         Document(page_content=f"Passage about `token{n}`.", metadata={"source": "s"})
         for n in range(8)
@@ -567,9 +569,9 @@ def test_chunk_applicability_is_bounded(*, use_async: bool) -> None:
 
 
 async def test_llm_chain_filter_keeps_the_chunks_answered_yes(
-    passages_retriever: ChunkRetriever,
+    passages_retriever: ChunkRetriever, overlapping_llm: RuleAwareFakeChatModel
 ) -> None:
-    llm = RuleAwareFakeChatModel(latency=0.02)
+    llm = overlapping_llm  # two calls in flight at once, without a latency
     retriever = llm_chain_filter_retriever(passages_retriever, llm, max_concurrency=2)
     docs = retriever.invoke(QUERY)
     assert sorted(str(d.id) for d in docs) == APPLICABLE_PASSAGES

@@ -1,4 +1,4 @@
-"""Verdict caches: bounded in memory, persistent and shared in SQLite."""
+"""Verdict caches: `BaseStore`s, bounded in memory, persistent and shared in SQLite."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ import threading
 from pathlib import Path
 
 import pytest
+from langchain_core.stores import BaseStore
 
 from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache
 
 
 def test_in_memory_cache_evicts_least_recently_used() -> None:
     cache = InMemoryVerdictCache(maxsize=3)
-    for key in "abc":
-        cache.update(key, key.upper())
-    assert cache.lookup("a") == "A"  # now most recent
-    cache.update("d", "D")
-    assert cache.lookup("b") is None
-    assert [cache.lookup(k) for k in "acd"] == ["A", "C", "D"]
+    cache.mset([(key, key.upper()) for key in "abc"])
+    assert cache.mget(["a"]) == ["A"]  # now most recent
+    cache.mset([("d", "D")])
+    assert cache.mget(["b"]) == [None]
+    assert cache.mget(list("acd")) == ["A", "C", "D"]
     assert len(cache) == 3
     cache.clear()
     assert len(cache) == 0
@@ -28,22 +28,41 @@ def test_in_memory_cache_evicts_least_recently_used() -> None:
         InMemoryVerdictCache(maxsize=0)
 
 
-async def test_async_access_matches_sync(tmp_path: Path) -> None:
-    for cache in (InMemoryVerdictCache(), SQLiteVerdictCache(tmp_path / "c.sqlite")):
-        await cache.aupdate("k", '{"x": 1}')
-        assert await cache.alookup("k") == '{"x": 1}'
-        assert cache.lookup("k") == '{"x": 1}'
-        assert await cache.alookup("missing") is None
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_caches_are_langchain_stores(tmp_path: Path, kind: str) -> None:
+    cache: BaseStore[str, str] = (
+        InMemoryVerdictCache()
+        if kind == "memory"
+        else SQLiteVerdictCache(tmp_path / "c")
+    )
+    assert isinstance(cache, BaseStore)
+    await cache.amset([("k", '{"x": 1}'), ("k2", "v2"), ("other", "o")])
+    assert await cache.amget(["k", "missing", "k2"]) == ['{"x": 1}', None, "v2"]
+    assert cache.mget(["k"]) == ['{"x": 1}']
+    assert sorted(cache.yield_keys()) == ["k", "k2", "other"]
+    assert sorted(cache.yield_keys(prefix="k")) == ["k", "k2"]
+    cache.mdelete(["k", "missing"])
+    await cache.amdelete(["other"])
+    assert cache.mget(["k", "k2", "other"]) == [None, "v2", None]
+    assert cache.mget([]) == []
+    cache.mset([])
+
+
+def test_sqlite_cache_reads_many_keys_at_once(tmp_path: Path) -> None:
+    cache = SQLiteVerdictCache(tmp_path / "many.sqlite")
+    cache.mset([(str(i), str(i)) for i in range(1500)])
+    keys = [str(i) for i in range(1600)]
+    assert cache.mget(keys) == [str(i) for i in range(1500)] + [None] * 100
 
 
 def test_sqlite_cache_survives_reopening(tmp_path: Path) -> None:
     path = tmp_path / "nested" / "verdicts.sqlite"
-    SQLiteVerdictCache(path).update("k", "v")
+    SQLiteVerdictCache(path).mset([("k", "v")])
     reopened = SQLiteVerdictCache(path)
-    assert reopened.lookup("k") == "v"
-    reopened.update("k", "w")
+    assert reopened.mget(["k"]) == ["v"]
+    reopened.mset([("k", "w")])
     assert len(reopened) == 1
-    assert SQLiteVerdictCache(path).lookup("k") == "w"
+    assert SQLiteVerdictCache(path).mget(["k"]) == ["w"]
 
 
 def test_sqlite_cache_from_many_threads(tmp_path: Path) -> None:
@@ -51,7 +70,7 @@ def test_sqlite_cache_from_many_threads(tmp_path: Path) -> None:
 
     def write(worker: int) -> None:
         for i in range(50):
-            cache.update(f"{worker}-{i}", str(i))
+            cache.mset([(f"{worker}-{i}", str(i))])
 
     threads = [threading.Thread(target=write, args=(w,)) for w in range(8)]
     for thread in threads:
@@ -59,7 +78,7 @@ def test_sqlite_cache_from_many_threads(tmp_path: Path) -> None:
     for thread in threads:
         thread.join()
     assert len(cache) == 400
-    assert cache.lookup("7-49") == "49"
+    assert cache.mget(["7-49"]) == ["49"]
 
 
 def test_sqlite_cache_from_several_processes(tmp_path: Path) -> None:
@@ -70,7 +89,7 @@ def test_sqlite_cache_from_several_processes(tmp_path: Path) -> None:
         from langchain_tag.cache import SQLiteVerdictCache
         cache = SQLiteVerdictCache(sys.argv[1])
         for i in range(100):
-            cache.update(f"{sys.argv[2]}-{i}", str(i))
+            cache.mset([(f"{sys.argv[2]}-{i}", str(i))])
         """
     )
     processes = [
@@ -80,4 +99,4 @@ def test_sqlite_cache_from_several_processes(tmp_path: Path) -> None:
     assert [p.wait(timeout=60) for p in processes] == [0, 0, 0]
     cache = SQLiteVerdictCache(path)
     assert len(cache) == 300
-    assert all(cache.lookup(f"{n}-99") == "99" for n in range(3))
+    assert cache.mget([f"{n}-99" for n in range(3)]) == ["99"] * 3

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import uuid
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,9 +32,12 @@ UNSURE = "PEP8-LAMBDA-ASSIGN"
 """A NO the cheap model is unsure of: P(YES) = 0.3."""
 
 
-def cheap_model(**kwargs: Any) -> RuleAwareFakeChatModel:
+def cheap_model(
+    make: Callable[..., RuleAwareFakeChatModel] = RuleAwareFakeChatModel,
+    **kwargs: Any,
+) -> RuleAwareFakeChatModel:
     """Right on every pair, P(answer) = 0.95, except 0.7 on `UNSURE`."""
-    return RuleAwareFakeChatModel(
+    return make(
         logprobs=True, confidence=0.95, confidence_by_rule={UNSURE: 0.7}, **kwargs
     )
 
@@ -246,10 +251,14 @@ class InFlight(BaseCallbackHandler):
 
 @pytest.mark.parametrize("use_async", [False, True])
 def test_retriever_limit_bounds_both_stages_and_runs_nest(
-    pep8_rulebook: Rulebook, *, use_async: bool
+    pep8_rulebook: Rulebook,
+    overlapping: Callable[..., RuleAwareFakeChatModel],
+    *,
+    use_async: bool,
 ) -> None:
-    cheap = cheap_model(latency=0.02)
-    strong = RuleAwareFakeChatModel(latency=0.02)
+    # The cheap stage's calls wait until three are in flight: the bound is reached.
+    cheap = cheap_model(functools.partial(overlapping, 3))
+    strong = RuleAwareFakeChatModel()
     retriever = TAGRetriever(
         rulebook=pep8_rulebook, judge=cascade(cheap, strong), max_concurrency=3
     )

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
-from langchain_tag import cli
+from langchain_tag import Rule, Rulebook, cli
 from langchain_tag.testing import RuleAwareFakeChatModel
 
 RULEBOOK = str(Path(__file__).parent.parent / "fixtures" / "pep8_rulebook.json")
@@ -56,3 +57,55 @@ def test_run_errors_name_the_problem(
     assert "missing.json" in capsys.readouterr().err
     assert cli.main(["run", RULEBOOK, "x", "--template", "haiku"]) == 2
     assert "Unknown template 'haiku'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-k", "-1"], "argument -k: must be an integer >= 0, got '-1'"),
+        (["-k", "1.5"], "argument -k: must be an integer >= 0, got '1.5'"),
+        (
+            ["--max-concurrency", "0"],
+            "argument --max-concurrency: must be an integer >= 1, got '0'",
+        ),
+        (["--score-threshold", "2"], "argument --score-threshold: must be a number"),
+    ],
+)
+def test_tag_run_names_the_bad_option(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: `-k -1` printed "matched 0 of 9" and exited 0; `--max-concurrency 0`
+    # said "max_workers must be greater than 0".
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["run", RULEBOOK, "x", *argv])
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+UNREADABLE = Rule(
+    rule_id="R-1", name="Anything", condition="The input is text", action="Act"
+)
+
+
+def test_tag_run_advice_fits_the_failure(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: "try again later" for an answer that cannot be read (deterministic at
+    # temperature 0), and JudgmentError's advice named an option `tag run` lacked.
+    path = str(Rulebook(rules=[UNREADABLE]).save(tmp_path / "r.json"))
+    monkeypatch.setattr(
+        "langchain_tag.models.default_chat_model",
+        lambda **_: FakeListChatModel(responses=["Perhaps."] * 4),
+    )
+    assert cli.main(["run", path, "x"]) == 2
+    error = capsys.readouterr().err
+    assert "try again later" not in error
+    assert "--on-error not_applicable" in error
+
+    with pytest.warns(UserWarning, match="judgments failed"):
+        assert cli.main(["run", path, "x", "--on-error", "not_applicable"]) == 0
+    out = capsys.readouterr().out
+    assert "matched 0 of 1 rules" in out
+    assert "1 judgment(s) failed and were treated as not applicable" in out

@@ -18,6 +18,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, Generation, LLMResult
 
 from langchain_tag import Rule, Rulebook, cli
+from langchain_tag.engine import rule_document
 from langchain_tag.evaluation import report
 from langchain_tag.evaluation.datasets import (
     HumanEvalProblem,
@@ -43,7 +44,6 @@ from langchain_tag.evaluation.tasks import (
 )
 from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.matching import CONDITION_PROFILE, NBA_PROFILE
-from langchain_tag.retrievers import rule_document
 from langchain_tag.testing import HashingFakeEmbeddings, RuleAwareFakeChatModel
 
 ASSUMPTIONS = {

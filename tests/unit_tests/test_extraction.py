@@ -18,6 +18,7 @@ import math
 import os
 import random
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -279,25 +280,21 @@ def digest(prompt: str) -> str:
     return hashlib.sha256(prompt.encode()).hexdigest()[:16]
 
 
-def repeated_only_at_the_kill(tmp_path: Path) -> None:
-    """No call is made twice, except one caught at the very moment of the kill.
+def repeated_only_at_the_kill(tmp_path: Path, before: Sequence[str]) -> None:
+    """No call is made twice, except those the kill caught in flight.
 
-    Each answer is stored as soon as the model returns it. The fake logs a call just
-    before returning, and the test kills right after a log line appears, so a call
-    can be caught between its log line and its store write. Such a call was logged
-    within milliseconds of the kill; every call logged earlier had its answer
-    stored and must not be made again.
+    Each answer is stored as soon as the model returns it. The killed process's fake
+    logged its calls in order and stopped at the last one (`before[-1]`) without
+    answering it: that call is made again. Two calls run at a time, so at most one
+    other can be: answered but not yet stored at the kill. Every other call logged
+    before the kill had its answer stored and must not be made again.
     """
-    killed_at = float((tmp_path / "killed_at").read_text())
-    first_logged: dict[str, float] = {}
-    counts: Counter[str] = Counter()
-    for line in (tmp_path / "calls.log").read_text(encoding="utf-8").splitlines():
-        digest_, logged_at, _ = line.split("\t", 2)
-        counts[digest_] += 1
-        first_logged.setdefault(digest_, float(logged_at))
-    repeated = [d for d, n in counts.items() if n > 1]
+    counts = Counter(log_digests(tmp_path / "calls.log"))
+    repeated = {d for d, n in counts.items() if n > 1}
     assert max(counts.values()) <= 2
-    assert all(killed_at - first_logged[d] < 0.1 for d in repeated), repeated
+    assert before[-1] in repeated
+    assert repeated <= set(before)
+    assert len(repeated) <= 2, repeated  # max_concurrency=2
 
 
 def log_digests(path: Path) -> list[str]:
@@ -1145,6 +1142,7 @@ def test_permanent_error_stops_the_run_and_a_rerun_resumes(tmp_path: Path) -> No
 
 CRASH_SCRIPT = """\
 import sys
+import threading
 from pathlib import Path
 
 from langchain_core.documents import Document
@@ -1152,11 +1150,31 @@ from langchain_core.documents import Document
 from langchain_tag.extraction import extract_rules
 from langchain_tag.testing import ExtractionFakeChatModel
 
-doc, log, db, out, latency = sys.argv[1:6]
+doc, log, db, out, stop_at = sys.argv[1:6]
+numbering = threading.Lock()
+made = 0
+
+
+class StoppingFake(ExtractionFakeChatModel):
+    # Calls are numbered and logged in one order. Call `stop_at` is logged, says so
+    # on stdout and never answers; later calls stop before being logged: the test
+    # kills the process there. 0 never stops.
+    def _respond(self, prompt, fault):
+        global made
+        with numbering:
+            made += 1
+            if not int(stop_at) or made < int(stop_at):
+                return super()._respond(prompt, fault)
+            if made == int(stop_at):
+                super()._respond(prompt, fault)
+                print("stopped", flush=True)
+        threading.Event().wait()
+
+
 rulebook = extract_rules(
     [Document(page_content=Path(doc).read_text(encoding="utf-8"),
               metadata={"source": "guide.md"})],
-    llm=ExtractionFakeChatModel(latency=float(latency), call_log=Path(log)),
+    llm=StoppingFake(call_log=Path(log)),
     checkpoint=db,
     max_concurrency=2,
 )
@@ -1164,7 +1182,7 @@ rulebook.save(out)
 """
 
 
-def _extraction_process(tmp_path: Path, latency: float) -> list[str]:
+def _extraction_process(tmp_path: Path, stop_at: int = 0) -> list[str]:
     return [
         sys.executable,
         "-c",
@@ -1173,39 +1191,41 @@ def _extraction_process(tmp_path: Path, latency: float) -> list[str]:
         str(tmp_path / "calls.log"),
         str(tmp_path / "run.sqlite"),
         str(tmp_path / "rulebook.json"),
-        str(latency),
+        str(stop_at),
     ]
 
 
 def _start_and_kill(tmp_path: Path, text: str, kill_after: int) -> list[str]:
-    """Run the extraction in a process; SIGKILL it after `kill_after` finished calls.
+    """Run the extraction in a process; SIGKILL it at its `kill_after`-th call.
 
-    Returns the digests of the calls logged before the kill; the kill's time is
-    written to `killed_at` in `tmp_path`.
+    The process's fake logs that call and stops before answering it, and stops
+    every later call before it is made, so the kill lands at the same point every
+    run. Returns the digests of the calls logged before the kill.
     """
     (tmp_path / "doc.md").write_text(text, encoding="utf-8", newline="")
     log = tmp_path / "calls.log"
     process = subprocess.Popen(  # noqa: S603 - our own interpreter and script
-        _extraction_process(tmp_path, 0.05),
-        stdout=subprocess.DEVNULL,
+        _extraction_process(tmp_path, stop_at=kill_after),
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        bufsize=0,
     )
-    deadline = time.monotonic() + 15
     try:
-        while len(log_digests(log)) < kill_after:
-            assert process.poll() is None, (
-                process.stderr.read() if process.stderr else ""
-            )
-            assert time.monotonic() < deadline, "the extraction made no progress"
-            time.sleep(0.002)
-        (tmp_path / "killed_at").write_text(f"{time.time():.6f}")
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], 60)  # a hang guard
+        if not ready or process.stdout.readline() != b"stopped\n":
+            process.kill()
+            process.wait(timeout=10)
+            error = process.stderr.read().decode() if process.stderr else ""
+            pytest.fail(f"the extraction did not stop at call {kill_after}: {error}")
         os.kill(process.pid, signal.SIGKILL)
     finally:
         if process.poll() is None:
             process.kill()
         process.wait(timeout=10)
-        if process.stderr:
-            process.stderr.close()
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
     assert process.returncode == -signal.SIGKILL
     assert not (tmp_path / "rulebook.json").exists()
     return log_digests(log)
@@ -1221,16 +1241,16 @@ def test_killed_run_resumes_to_the_same_rulebook(tmp_path: Path) -> None:
     )  # prompts are distinct, so digests name calls
 
     before = _start_and_kill(tmp_path, MARKDOWN, kill_after=7)
-    assert 7 <= len(before) < len(all_calls)  # killed mid-run
+    assert len(before) == 7 < len(all_calls)  # killed mid-run
     assert set(before) <= all_calls
     subprocess.run(  # noqa: S603
-        _extraction_process(tmp_path, 0.0), check=True, timeout=20, capture_output=True
+        _extraction_process(tmp_path), check=True, timeout=20, capture_output=True
     )
     same_rules(clean, Rulebook.load(tmp_path / "rulebook.json"), diagnostics=False)
 
     logged = Counter(log_digests(tmp_path / "calls.log"))
     assert set(logged) == all_calls  # every call was made, by one process or the other
-    repeated_only_at_the_kill(tmp_path)
+    repeated_only_at_the_kill(tmp_path, before)
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
@@ -1255,9 +1275,9 @@ def test_killed_run_never_repeats_a_finished_call(tmp_path: Path) -> None:
     # Killed while phase-1 tasks were still queued (two run at a time).
     require(len(before) < sections - 2, f"{len(before)} calls before the kill")
     subprocess.run(  # noqa: S603
-        _extraction_process(tmp_path, 0.0), check=True, timeout=20, capture_output=True
+        _extraction_process(tmp_path), check=True, timeout=20, capture_output=True
     )
-    repeated_only_at_the_kill(tmp_path)
+    repeated_only_at_the_kill(tmp_path, before)
 
 
 # --- incremental re-extraction --------------------------------------------------------

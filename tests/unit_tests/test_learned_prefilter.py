@@ -1,24 +1,31 @@
-"""The learned prefilter, and the pure pieces of shadow judging."""
+"""The learned prefilter: training, selection, unknown rules, persistence."""
 
 from __future__ import annotations
 
+import json
+import logging
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import sparse  # type: ignore[import-untyped]
 from sklearn.feature_extraction.text import (  # type: ignore[import-untyped]
     HashingVectorizer,
 )
+from sklearn.metrics import roc_auc_score  # type: ignore[import-untyped]
 
 from langchain_tag import ApplicabilityJudge, Rule, Rulebook, TAGRetriever
-from langchain_tag.matching.learned import (
+from langchain_tag.learning.learned_prefilter import (
     FeatureHashing,
     HashedFeatures,
     LabelledExample,
     LearnedPrefilter,
+    _rows,
+    _tf_idf_matrix,
+    _tf_idf_row,
+    _weighted_auc,
 )
-from langchain_tag.matching.shadow import RetrainPolicy, estimate_recall, explore_pairs
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 
 RULES = trigger_rulebook(8)
@@ -255,7 +262,7 @@ def test_save_and_load_round_trip(trained: LearnedPrefilter, tmp_path: Path) -> 
         assert loaded.select(text) == trained.select(text)
         assert loaded.margins(text) == pytest.approx(trained.margins(text), abs=1e-5)
     with np.load(path, allow_pickle=False) as arrays:  # nothing pickled inside
-        assert set(arrays.files) >= {"header", "weights", "thresholds"}
+        assert set(arrays.files) >= {"header", "weights", "options", "chosen"}
 
 
 def test_loading_refuses_what_is_not_a_saved_model(
@@ -281,66 +288,151 @@ def test_an_untrained_prefilter_has_nothing_to_save(tmp_path: Path) -> None:
         LearnedPrefilter(RULES).save(tmp_path / "x.npz")
 
 
-# --- shadow judging ------------------------------------------------------------------
+# --- re-thresholding on load ---------------------------------------------------------
 
 
-def test_explored_pairs_are_reproducible_and_order_free() -> None:
-    skipped = [f"R-{i:03d}" for i in range(400)]
-    first = explore_pairs(skipped, "digest-1", rate=0.1, seed=3)
-    assert first == explore_pairs(skipped, "digest-1", rate=0.1, seed=3)
-    assert sorted(explore_pairs(skipped[::-1], "digest-1", rate=0.1, seed=3)) == first
-    assert first != explore_pairs(skipped, "digest-1", rate=0.1, seed=4)
-    assert first != explore_pairs(skipped, "digest-2", rate=0.1, seed=3)
-    assert 20 <= len(first) <= 60  # about 40
-    assert explore_pairs(skipped, "d", rate=0.0) == []
-    assert explore_pairs(skipped, "d", rate=1.0) == skipped
-    with pytest.raises(ValueError, match="rate"):
-        explore_pairs(skipped, "d", rate=1.5)
+@pytest.mark.parametrize("target", [0.8, 0.99, 1.0])
+def test_loading_at_another_target_re_thresholds(
+    trained: LearnedPrefilter, tmp_path: Path, target: float
+) -> None:
+    """Before, `load(..., target_recall=x)` kept the saved thresholds silently."""
+    path = trained.save(tmp_path / "model.npz")
+    loaded = LearnedPrefilter.load(path, RULES, target_recall=target)
+    refitted = LearnedPrefilter(RULES, target_recall=target)
+    refitted.fit(examples(make_inputs(200, seed=1)))
+    assert loaded.target_recall == target
+    assert loaded.report is not None
+    assert refitted.report is not None
+    assert loaded.report.target_recall == target
+    assert loaded.report.rules == refitted.report.rules
+    assert loaded.report.expected_recall == pytest.approx(
+        refitted.report.expected_recall
+    )
+    for text, _ in make_inputs(30, seed=9):
+        assert loaded.select(text) == refitted.select(text)
+    assert trained.report is not None
+    saved = trained.report.expected_judged
+    if target > trained.target_recall:
+        assert loaded.report.expected_judged > saved
+    else:
+        assert loaded.report.expected_judged <= saved
+    if target == 1.0:  # a recall target of one skips nothing
+        assert loaded.select(QUIET_TEXT) == RULE_IDS
 
 
-def test_recall_estimate_and_its_wilson_interval() -> None:
-    estimate = estimate_recall(1000, 2, 0.05)
-    assert estimate.estimate == pytest.approx(50 / 52)
-    assert estimate.low == pytest.approx(0.8702, abs=1e-3)
-    assert estimate.high == pytest.approx(0.9894, abs=1e-3)
-    nothing_missed = estimate_recall(1000, 0, 0.05)
-    assert nothing_missed.estimate == 1.0
-    assert nothing_missed.high == 1.0
-    assert nothing_missed.low == pytest.approx(50 / (50 + 1.959964**2), abs=1e-4)
-    unknown = estimate_recall(0, 0, 0.05)
-    assert (unknown.estimate, unknown.low, unknown.high) == (1.0, 0.0, 1.0)
-    assert estimate_recall(10, 1, 0.05, confidence=0.5).low > estimate.low - 1
-    with pytest.raises(ValueError, match=">= 0"):
-        estimate_recall(-1, 0, 0.05)
-    with pytest.raises(ValueError, match="explore"):
-        estimate_recall(1, 0, 0.0)
+def test_a_model_without_options_refuses_another_target(
+    trained: LearnedPrefilter, tmp_path: Path
+) -> None:
+    """A version-1 file loads as it was; it cannot be re-thresholded."""
+    assert trained.report is not None
+    path = trained.save(tmp_path / "model.npz")
+    with np.load(path, allow_pickle=False) as arrays:
+        header = json.loads(bytes(arrays["header"]).decode())
+        kept = np.flatnonzero(arrays["chosen"] > 0)
+        offsets, chosen = arrays["offsets"], arrays["chosen"]
+        thresholds = arrays["options"][offsets[:-1] + chosen, 0][kept]
+        old = {
+            "columns": arrays["columns"],
+            "idf": arrays["idf"],
+            "weights": arrays["weights"][:, kept],
+            "bias": arrays["bias"][kept],
+            "thresholds": thresholds,
+        }
+    header = {
+        **{
+            k: v
+            for k, v in header.items()
+            if k not in {"trained_rules", "yes_rate_total"}
+        },
+        "version": 1,
+        "rule_ids": [header["rule_ids"][i] for i in kept],
+        "rule_hashes": [header["rule_hashes"][i] for i in kept],
+    }
+    v1 = tmp_path / "v1.npz"
+    with v1.open("wb") as out:
+        np.savez_compressed(
+            out, header=np.frombuffer(json.dumps(header).encode(), np.uint8), **old
+        )
+    loaded = LearnedPrefilter.load(v1, RULES)
+    for text, _ in make_inputs(20, seed=9):
+        assert loaded.select(text) == trained.select(text)
+    same = LearnedPrefilter.load(v1, RULES, target_recall=trained.report.target_recall)
+    assert same.select(QUIET_TEXT) == trained.select(QUIET_TEXT)
+    with pytest.raises(ValueError, match=r"v1\.npz.*re-threshold.*Train it again"):
+        LearnedPrefilter.load(v1, RULES, target_recall=0.99)
 
 
-def test_recall_interval_covers_the_true_recall() -> None:
-    """Simulated shadow judging: the 95% interval holds the truth about 95% of runs."""
+QUIET_TEXT = "alpha beta gamma delta epsilon zeta eta theta iota"
+
+
+# --- unknown rules -------------------------------------------------------------------
+
+
+def test_partition_over_another_rulebooks_candidates(
+    trained: LearnedPrefilter, caplog: pytest.LogCaptureFixture
+) -> None:
+    edited = RULES.rules[3].model_copy(update={"name": "R-003 renamed"})
+    new = Rule(rule_id="R-NEW", name="New", condition="`brand-new`", action="Act")
+    candidates = [new, *RULES.rules[:3], edited, *RULES.rules[4:]]
+    kept, skipped = trained.partition(QUIET_TEXT)
+    assert "R-003" in skipped
+    with caplog.at_level(logging.WARNING):
+        judged, skipped_now = trained.partition(QUIET_TEXT, candidates)
+        trained.partition(QUIET_TEXT, candidates)
+    assert judged == [
+        r.rule_id for r in candidates if r.rule_id in {*kept, "R-NEW", "R-003"}
+    ]
+    assert skipped_now == [r for r in skipped if r != "R-003"]
+    assert caplog.text.count("unknown to the learned prefilter") == 1
+    assert trained.known_rules["R-003"] == RULES.rules[3].content_hash()
+
+
+# --- scikit-learn where it computes the same ------------------------------------------
+
+
+def test_tf_idf_is_the_documented_formula(trained: LearnedPrefilter) -> None:
+    """Sublinear TF, smoothed IDF, L2 rows: the training matrix and one row agree."""
+    texts = [text for text, _ in make_inputs(50, seed=4)]
+    counts = _rows(trained.hashing, texts)
+    columns, idf, matrix = _tf_idf_matrix(counts.copy(), 2)
+    dense = counts[:, columns].toarray()
+    df = (dense > 0).sum(axis=0)
+    assert idf == pytest.approx(np.log((1 + len(texts)) / (1 + df)) + 1)
+    tf = np.where(dense > 0, 1 + np.log(np.where(dense > 0, dense, 1)), 0.0)
+    expected = tf * idf
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    assert sparse.issparse(matrix)
+    assert matrix.toarray() == pytest.approx(expected)
+    state = trained._state
+    assert state is not None
+    row = trained.hashing.hash_matrix([texts[0]])
+    row.sort_indices()
+    values = _tf_idf_row(state.model, np.asarray(row.indices), np.asarray(row.data))
+    assert values is not None
+    assert np.linalg.norm(values[1]) == pytest.approx(1.0)
+
+
+def test_weighted_auc_is_sklearns() -> None:
     rng = np.random.default_rng(0)
-    covered = runs = 0
-    for kept_yes, missed_yes, explore in [
-        (200, 10, 0.05),
-        (1000, 50, 0.05),
-        (1000, 20, 0.05),
-        (500, 50, 0.1),
-        (2000, 100, 0.02),
-    ]:
-        truth = kept_yes / (kept_yes + missed_yes)
-        for _ in range(400):
-            shadow = int(rng.binomial(missed_yes, explore))
-            estimate = estimate_recall(kept_yes, shadow, explore)
-            covered += estimate.low <= truth <= estimate.high
-            runs += 1
-    assert covered / runs >= 0.93
+    for _ in range(20):
+        n = int(rng.integers(5, 200))
+        y = rng.random(n) < 0.3
+        y[:2] = [True, False]
+        scores = np.round(rng.normal(size=n) + y, 1)  # with ties
+        weights = np.where(rng.random(n) < 0.2, 20.0, 1.0)
+        assert _weighted_auc(scores, y, weights) == pytest.approx(
+            roc_auc_score(y, scores, sample_weight=weights)
+        )
 
 
-def test_retrain_policy_counts_new_verdicts() -> None:
-    policy = RetrainPolicy(every=20)
-    assert not policy.due(19)
-    assert policy.due(20)
-    assert not policy.due(39, trained_at=20)
-    assert policy.due(40, trained_at=20)
-    with pytest.raises(ValueError, match="greater than or equal to 1"):
-        RetrainPolicy(every=0)
+def test_weighted_auc_counts_ties_one_half() -> None:
+    scores = np.asarray([0.1, 0.4, 0.4, 0.9])
+    y = np.asarray([False, True, False, True])
+    assert _weighted_auc(scores, y, np.ones(4)) == pytest.approx(0.875)
+    # A weight counts the example that many times.
+    weights = np.asarray([1.0, 2.0, 1.0, 1.0])
+    repeated = np.asarray([0.1, 0.4, 0.4, 0.4, 0.9])
+    y_repeated = np.asarray([False, True, True, False, True])
+    assert _weighted_auc(scores, y, weights) == pytest.approx(
+        _weighted_auc(repeated, y_repeated, np.ones(5))
+    )

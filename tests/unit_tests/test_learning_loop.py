@@ -9,8 +9,8 @@ import pytest
 
 from langchain_tag import ApplicabilityJudge, CascadeJudge, TAGRetriever, cli
 from langchain_tag.baselines import RelevanceJudge
-from langchain_tag.matching.learned import LearnedPrefilter
-from langchain_tag.matching.verdict_log import SQLiteVerdictLog
+from langchain_tag.learning.learned_prefilter import LearnedPrefilter
+from langchain_tag.learning.verdict_log import SQLiteVerdictLog
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 
 RULES = trigger_rulebook(8)
@@ -162,7 +162,11 @@ def test_the_prefilter_retrains_from_the_log(log: SQLiteVerdictLog) -> None:
         retriever.invoke(text)
     assert not prefilter.fitted
     assert model.calls == 49 * len(RULES)  # cold start: plain TAG
-    retriever.invoke(texts[49])  # 400 verdicts: trained after this retrieval
+    retriever.invoke(texts[49])  # 400 verdicts: training starts, in the background
+    retrainer = retriever.engine.retrainer
+    assert retrainer is not None
+    if (training := retrainer.running) is not None:
+        training.result(timeout=60)
     assert prefilter.report is not None  # trained (mypy narrowed `fitted` above)
     calls = model.calls
     for text in texts[50:]:

@@ -7,6 +7,8 @@ import math
 import random
 import re
 import string
+import time
+from types import SimpleNamespace
 from typing import Any
 
 import httpx2
@@ -14,9 +16,17 @@ import openai
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.runnables import Runnable, RunnableLambda
-from pydantic import ValidationError
+from langchain_openai import ChatOpenAI
+from pydantic import Field, ValidationError
 
-from langchain_tag import ApplicabilityJudge, JudgmentError, Rule, Rulebook, Verdict
+from langchain_tag import (
+    ApplicabilityJudge,
+    JudgmentError,
+    Rule,
+    Rulebook,
+    TAGRetriever,
+    Verdict,
+)
 from langchain_tag.cache import SQLiteVerdictCache
 from langchain_tag.matching import (
     CONDITION_PROFILE,
@@ -28,12 +38,31 @@ from langchain_tag.matching import (
 from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.matching.parsing import parse_verdict, score_from_logprobs
 from langchain_tag.matching.profiles import YesNoOutput
-from langchain_tag.matching.prompts import read_judge_message
+from langchain_tag.matching.prompts import JUDGE_OUTPUT_INSTRUCTION, JUDGE_SYSTEM
 from langchain_tag.models import CallRetry
-from langchain_tag.testing import RuleAwareFakeChatModel, TransientFakeError
+from langchain_tag.testing import (
+    FakeClock,
+    RuleAwareFakeChatModel,
+    TransientFakeError,
+    trigger_rulebook,
+)
 
 FAST_RETRY = CallRetry(initial_delay=0.001, max_delay=0.004, jitter=0.0)
 WILDCARD_CODE = "from os.path import *\n\nprint(join('a', 'b'))\n"
+
+# Two distinct rules with the same condition and different actions: normal in a
+# rulebook (one situation, two things to do about it).
+SAME_CONDITION = "The input contains `wildcard`"
+RULE_A = Rule(rule_id="A", name="Rule A", condition=SAME_CONDITION, action="Do A")
+RULE_B = Rule(rule_id="B", name="Rule B", condition=SAME_CONDITION, action="Do B")
+
+CONDITION_ONLY = RuleSchemaProfile(
+    name="condition-only",
+    system_prompt=JUDGE_SYSTEM,
+    output_instruction=JUDGE_OUTPUT_INSTRUCTION,
+    rule_fields=("condition",),
+    output_schema=YesNoOutput,
+)
 
 
 def make_rules(n: int) -> list[Rule]:
@@ -225,10 +254,10 @@ class StructuredFake(RuleAwareFakeChatModel):
 def test_structured_output_is_used_when_supported() -> None:
     rule = make_rules(1)[0]
     structured = ApplicabilityJudge(llm=StructuredFake())
-    assert structured._structured_model is not None
+    assert structured._calls.structured(YesNoOutput) is not None
     assert structured.invoke(("trigger-000", rule)).applies
     plain = ApplicabilityJudge(llm=RuleAwareFakeChatModel())
-    assert plain._structured_model is None
+    assert plain._calls.structured(YesNoOutput) is None
     with pytest.raises(ValueError, match="does not support structured output"):
         ApplicabilityJudge(llm=RuleAwareFakeChatModel(), structured_output="always")
 
@@ -239,6 +268,94 @@ def test_structured_parse_failure_falls_back_to_the_lenient_parser() -> None:
     verdict = ApplicabilityJudge(llm=llm).invoke(("x", rule))
     assert verdict.applies
     assert verdict.error is None
+
+
+class SDKStructuredFake(RuleAwareFakeChatModel):
+    """Structured output whose SDK parses the answer and raises, as OpenAI's does.
+
+    Counts the structured calls, so a test sees when a judge stops making them.
+    """
+
+    structured_calls: list[str] = Field(default_factory=list)
+
+    def with_structured_output(
+        self, schema: Any, *, include_raw: bool = False, **kwargs: Any
+    ) -> Runnable[Any, Any]:
+        def count(messages: Any) -> Any:
+            self.structured_calls.append(schema.__name__)
+            return messages
+
+        def parse(message: BaseMessage) -> dict[str, Any]:
+            parsed = schema.model_validate_json(message.text)  # raises, as the SDK
+            return {"raw": message, "parsed": parsed, "parsing_error": None}
+
+        return RunnableLambda(count) | self | RunnableLambda(parse)
+
+
+def test_a_server_ignoring_structured_output_is_read_as_text_by_that_judge() -> None:
+    rules = make_rules(3)
+    llm = SDKStructuredFake(faults={"R-000": ["Yes, it does."]})
+    judge = ApplicabilityJudge(llm=llm, cache=None)
+    first = judge.invoke(("trigger-000", rules[0]))
+    assert first.applies  # the prose, asked again as text and read leniently
+    assert not first.failed
+    assert llm.structured_calls == ["YesNoOutput"]
+    assert judge._calls.ignores_structured_output
+    assert [v.applies for v in judge.judge_rules("trigger-001", rules)] == [
+        False,
+        True,
+        False,
+    ]
+    assert llm.structured_calls == ["YesNoOutput"]  # text calls from then on
+    # Remembered per judge (its model copy), not for every judge in the process.
+    other = ApplicabilityJudge(llm=llm, cache=None)
+    assert other.invoke(("trigger-002", rules[2])).applies
+    assert llm.structured_calls == ["YesNoOutput", "YesNoOutput"]
+    # A judge remade from it on the same model keeps what it learnt.
+    judge.with_call_retry(CallRetry()).invoke(("x", rules[1]))
+    assert len(llm.structured_calls) == 2
+
+
+@pytest.mark.parametrize(
+    ("answers", "applies"),
+    [
+        # JSON off the schema: the SDK keeps no text of it, so that judgment is
+        # asked again as text, once; unreadable again, it failed.
+        (['{"verdict": "MAYBE"}', '{"verdict": "MAYBE"}'], None),
+        (['{"verdict": "yes"}', "yes"], True),
+        # Truncated JSON comes back whole in the SDK's error: read leniently.
+        (['{"verdict": "YES", "rea'], True),
+        (['{"verdict": "'], None),
+    ],
+)
+def test_an_off_schema_json_answer_keeps_structured_output_on(
+    answers: list[str],
+    applies: bool | None,  # noqa: FBT001 - parametrized
+) -> None:
+    # Before: one such answer switched structured output off for that model in
+    # every judge of the process.
+    rules = make_rules(2)
+    llm = SDKStructuredFake(faults={"R-000": answers})
+    judge = ApplicabilityJudge(llm=llm, cache=None, on_error="not_applicable")
+    if applies is None:
+        with pytest.warns(UnreliableMatchWarning):
+            verdict = judge.invoke(("trigger-000", rules[0]))
+        assert verdict.failed
+    else:
+        assert judge.invoke(("trigger-000", rules[0])).applies is applies
+    assert not judge._calls.ignores_structured_output
+    assert judge.invoke(("trigger-001", rules[1])).applies
+    assert llm.structured_calls == ["YesNoOutput"] * 2  # still structured
+    assert ApplicabilityJudge(llm=llm)._calls.structured(YesNoOutput) is not None
+
+
+async def test_async_judgments_fall_back_like_sync_ones() -> None:
+    rules = make_rules(2)
+    llm = SDKStructuredFake(faults={"R-000": ["No, not at all."]})
+    judge = ApplicabilityJudge(llm=llm, cache=None)
+    assert not (await judge.ainvoke(("trigger-001", rules[0]))).applies
+    assert (await judge.ainvoke(("trigger-001", rules[1]))).applies
+    assert llm.structured_calls == ["YesNoOutput"]
 
 
 def test_constraint_profile_reads_applicable_and_reason() -> None:
@@ -323,6 +440,37 @@ def test_logprobs_on_a_model_without_the_option_is_a_clear_error() -> None:
         ApplicabilityJudge(llm=NoLogprobs(), logprobs=True)
 
 
+class _OddLogprobsModel(RuleAwareFakeChatModel):
+    """Answers YES with logprobs in a shape some OpenAI-compatible servers use."""
+
+    odd_entry: dict[str, Any]
+
+    def _answer(self, prompt: str) -> AIMessage:
+        return AIMessage(
+            '{"verdict": "YES"}',
+            response_metadata={"logprobs": {"content": [self.odd_entry]}},
+        )
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"token": "YES", "logprob": None, "top_logprobs": None},
+        {"token": "YES", "logprob": -0.1, "top_logprobs": {"YES": -0.1, "NO": -2.4}},
+    ],
+    ids=["null-logprob", "dict-top-logprobs"],
+)
+def test_malformed_logprobs_do_not_escape_the_error_policy(
+    entry: dict[str, Any],
+) -> None:
+    llm = _OddLogprobsModel(odd_entry=entry)
+    judge = ApplicabilityJudge(
+        llm=llm, logprobs=True, on_error="not_applicable", cache=None
+    )
+    verdict = judge.invoke(("from os import wildcard", RULE_A))
+    assert verdict.rule_id == "A"
+
+
 # --- failures, retries and the error policy -------------------------------------------
 
 
@@ -400,81 +548,69 @@ def test_not_applicable_policy_flags_and_warns() -> None:
     assert "boom" in verdicts[1].error
 
 
-async def test_async_raise_policy_fails_fast() -> None:
-    rules = make_rules(30)
-    llm = RuleAwareFakeChatModel(latency=0.02, faults={"R-000": [ValueError("boom")]})
-    judge = ApplicabilityJudge(llm=llm)
-    with pytest.raises(JudgmentError, match="R-000"):
-        await judge.ajudge_rules("x", rules, limiter=ConcurrencyLimiter(2))
-    await asyncio.sleep(0.05)
-    assert llm.calls < len(rules)
-
-
-def test_sync_raise_policy_propagates() -> None:
-    rules = make_rules(5)
-    llm = RuleAwareFakeChatModel(faults={"R-003": [ValueError("boom")]})
-    with pytest.raises(JudgmentError, match="R-003"):
-        ApplicabilityJudge(llm=llm).judge_rules("x", rules)
-
-
-@pytest.mark.parametrize("mode", ["sync", "async"])
-async def test_raise_policy_stops_the_fan_out_at_the_first_failure(mode: str) -> None:
-    # R-000 is still backing off when R-001 fails for good: R-000 makes no further
-    # attempt, and no queued rule is judged after the failure.
-    rules = make_rules(10)
-    llm = RuleAwareFakeChatModel(
-        latency=0.02,
-        faults={"R-000": [TransientFakeError()] * 3, "R-001": [ValueError("boom")]},
-    )
-    judge = ApplicabilityJudge(
-        llm=llm, cache=None, retry=CallRetry(initial_delay=0.2, jitter=0.0)
-    )
-
-    async def fan_out() -> list[Verdict]:
-        if mode == "sync":
-            return judge.judge_rules("x", rules, limiter=ConcurrencyLimiter(2))
-        return await judge.ajudge_rules("x", rules, limiter=ConcurrencyLimiter(2))
-
-    with pytest.raises(JudgmentError, match="R-001"):
-        await fan_out()
-    await asyncio.sleep(0.3)  # longer than R-000's backoff
-    judged = [
-        parsed[1]["rule_id"]
-        for prompt in llm.prompts
-        if (parsed := read_judge_message(prompt)) is not None
-    ]
-    assert judged == ["R-000", "R-001"]
-
-
-# --- concurrency --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("limit", [1, 3])
-def test_sync_fan_out_honours_the_limit(limit: int) -> None:
-    llm = RuleAwareFakeChatModel(latency=0.02)
-    judge = ApplicabilityJudge(llm=llm, cache=None)
-    verdicts = judge.judge_rules(
-        "trigger-004", make_rules(12), limiter=ConcurrencyLimiter(limit)
-    )
-    assert llm.peak_in_flight == limit
-    assert [v.rule_id for v in verdicts] == [f"R-{i:03d}" for i in range(12)]
-    assert [v.applies for v in verdicts].count(True) == 1
-
-
-@pytest.mark.parametrize("limit", [1, 4])
-async def test_async_fan_out_honours_the_limit(limit: int) -> None:
-    llm = RuleAwareFakeChatModel(latency=0.02)
-    judge = ApplicabilityJudge(llm=llm, cache=None)
-    verdicts = await judge.ajudge_rules(
-        "trigger-004", make_rules(12), {"max_concurrency": limit}
-    )
-    assert llm.peak_in_flight == limit
-    assert [v.applies for v in verdicts].count(True) == 1
-
-
 def test_limiter_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="positive integer"):
         ConcurrencyLimiter(0)
+
+
+def test_the_judge_turns_the_clients_own_retries_off() -> None:
+    # No socket options: ChatOpenAI would otherwise probe a socket.
+    llm = ChatOpenAI(
+        base_url="http://127.0.0.1:9/v1",
+        api_key="unused",
+        model="m",
+        http_socket_options=(),
+    )
+    assert llm.root_client.max_retries == 2
+    judge = ApplicabilityJudge(llm=llm)
+    assert isinstance(judge._calls.llm, ChatOpenAI)
+    assert judge._calls.llm.root_client.max_retries == 0
+    assert llm.root_client.max_retries == 2  # the caller's model is untouched
+    untouched = ApplicabilityJudge(llm=llm, retry=None)
+    assert isinstance(untouched._calls.llm, ChatOpenAI)
+    assert untouched._calls.llm.root_client.max_retries == 2
+
+
+class HTTPError(Exception):
+    """An SDK-like error: a status code and the response's headers."""
+
+    def __init__(self, status_code: int, headers: dict[str, str]) -> None:
+        super().__init__(f"HTTP {status_code}")
+        self.status_code = status_code
+        self.response = SimpleNamespace(headers=headers)
+
+
+class RateLimitedOnce(RuleAwareFakeChatModel):
+    """Refuses the first call of rule R-000 with a 429 asking for 5 s."""
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
+        prompt = "\n".join(str(m.content) for m in messages)
+        with self._lock:
+            first = "rule_id: R-000" in prompt and not getattr(self, "_refused", False)
+            if first:
+                object.__setattr__(self, "_refused", True)
+        if first:
+            raise HTTPError(429, {"retry-after": "5"})
+        return super()._generate(messages, *args, **kwargs)
+
+
+def test_one_429_makes_the_whole_fan_out_wait(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    judge_sleeps: list[float] = []
+    monkeypatch.setattr(time, "sleep", judge_sleeps.append)  # tenacity's own waits
+    model = RateLimitedOnce()
+    judge = ApplicabilityJudge(llm=model, cache=None)
+    limiter = ConcurrencyLimiter(1)  # one at a time: the order is known
+    verdicts = judge.judge_rules(
+        "trigger-001", trigger_rulebook(3).rules, limiter=limiter
+    )
+    assert [v.applies for v in verdicts] == [False, True, False]
+    assert judge_sleeps == [5.0]  # R-000's own retry waited what was asked
+    # R-001 and R-002 started after the 429: each waited the pause out first (on
+    # the limiter's clock, which R-000's own wait did not advance).
+    assert clock.sleeps == [5.0]
+    assert model.calls == 3  # the refused call never reached the fake
 
 
 # --- the verdict cache --------------------------------------------------------------
@@ -506,6 +642,44 @@ def test_cache_key_covers_input_judged_fields_and_model_not_action() -> None:
         llm=RuleAwareFakeChatModel(), profile=NBA_PROFILE
     )
     assert other_profile.cache_key("input", rule) != key
+
+
+def test_cache_hit_keeps_the_judged_rules_id() -> None:
+    judge = ApplicabilityJudge(llm=RuleAwareFakeChatModel(), profile=CONDITION_ONLY)
+    retriever = TAGRetriever(
+        rulebook=Rulebook(rules=[RULE_A, RULE_B]), judge=judge, max_concurrency=1
+    )
+    result = retriever.match("from os import wildcard")
+    assert [v.rule_id for v in result.verdicts] == ["A", "B"]
+    assert [(d.id, d.page_content) for d in result.documents] == [
+        ("A", "Do A"),
+        ("B", "Do B"),
+    ]
+
+
+def test_cache_key_tells_endpoints_apart() -> None:
+    rule = RULE_A
+    keys = {
+        ApplicabilityJudge(
+            # No socket options: ChatOpenAI would otherwise probe a socket.
+            llm=ChatOpenAI(
+                model="local-model", base_url=url, api_key="x", http_socket_options=()
+            )
+        ).cache_key("from os import wildcard", rule)
+        for url in ("http://127.0.0.1:8000/v1", "http://127.0.0.1:11434/v1")
+    }
+    assert len(keys) == 2
+
+
+def test_cache_key_covers_the_output_instruction() -> None:
+    variant = CONDITION_PROFILE.model_copy(
+        update={"output_instruction": "Answer YES only if you are certain, else NO."}
+    )
+    llm = RuleAwareFakeChatModel()
+    text = "from os import wildcard"
+    default_key = ApplicabilityJudge(llm=llm).cache_key(text, RULE_A)
+    variant_key = ApplicabilityJudge(llm=llm, profile=variant).cache_key(text, RULE_A)
+    assert default_key != variant_key
 
 
 def test_failed_judgments_are_not_cached() -> None:

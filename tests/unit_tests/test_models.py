@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import email.utils
+from types import SimpleNamespace
+from typing import Any, Literal
+
 import pytest
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_openai import ChatOpenAI
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from langchain_tag import ModelNotConfiguredError
-from langchain_tag.models import default_chat_model
+from langchain_tag.models import CallRetry, StructuredFallback, default_chat_model
+from langchain_tag.testing import FakeClock
 
 ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "TAG_MODEL")
 
@@ -65,3 +73,93 @@ def test_keyword_arguments_override_the_environment(
     assert isinstance(model, ChatOpenAI)
     assert model.model_name == "gpt-4.1"
     assert model.request_timeout == 5
+
+
+# --- structured output, or the text -------------------------------------------------
+
+
+class _Answer(BaseModel):
+    verdict: Literal["YES", "NO"]
+
+
+class _SDKParsingFake(FakeListChatModel):
+    """Structured output parsed by the 'SDK', which raises on what it cannot parse."""
+
+    def with_structured_output(
+        self, schema: Any, *, include_raw: bool = False, **kwargs: Any
+    ) -> Runnable[Any, Any]:
+        def parse(message: BaseMessage) -> dict[str, Any]:
+            parsed = schema.model_validate_json(message.text)
+            return {"raw": message, "parsed": parsed, "parsing_error": None}
+
+        return self | RunnableLambda(parse)
+
+
+def _fallback(
+    *answers: str, mode: Literal["auto", "always", "never"] = "auto"
+) -> StructuredFallback:
+    return StructuredFallback(_SDKParsingFake(responses=list(answers)), mode, [_Answer])
+
+
+def test_prose_switches_that_instance_to_text_calls() -> None:
+    calls = _fallback("Yes it does.", "YES again", "NO")
+    assert calls.invoke([HumanMessage("q")], {}, _Answer).text == "YES again"
+    assert calls.ignores_structured_output
+    assert calls.structured(_Answer) is None
+    assert calls.invoke([HumanMessage("q")], {}, _Answer).text == "NO"  # text
+    assert _fallback("x").structured(_Answer) is not None  # not process-wide
+
+
+async def test_json_off_the_schema_is_handed_back_as_text() -> None:
+    calls = _fallback('{"verdict": "YE', '{"verdict": "YES"}')
+    output = await calls.ainvoke([HumanMessage("q")], {}, _Answer)
+    assert isinstance(output, AIMessage)
+    assert output.text == '{"verdict": "YE'  # that answer, for the lenient parser
+    assert not calls.ignores_structured_output
+    structured = await calls.ainvoke([HumanMessage("q")], {}, _Answer)
+    assert structured["parsed"] == _Answer(verdict="YES")
+
+
+def test_always_means_no_fallback() -> None:
+    with pytest.raises(ValidationError):
+        _fallback("Yes it does.", mode="always").invoke(
+            [HumanMessage("q")], {}, _Answer
+        )
+
+
+# --- Retry-After ---------------------------------------------------------------------
+
+
+class HTTPError(Exception):
+    """An SDK-like error: a status code and the response's headers."""
+
+    def __init__(self, status_code: int, headers: dict[str, str]) -> None:
+        super().__init__(f"HTTP {status_code}")
+        self.status_code = status_code
+        self.response = SimpleNamespace(headers=headers)
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"retry-after": "3"}, 3.0),
+        ({"retry-after": "0"}, 0.0),
+        ({"retry-after-ms": "1500", "retry-after": "9"}, 1.5),  # ms is more precise
+        ({"retry-after": "600"}, 30.0),  # cut to max_delay
+    ],
+)
+def test_the_providers_retry_after_sets_the_wait(
+    headers: dict[str, str], expected: float
+) -> None:
+    policy = CallRetry(initial_delay=7.0, jitter=0.0)
+    assert policy.delay(1, HTTPError(429, headers)) == expected
+    assert policy.delay(1, HTTPError(429, {})) == 7.0  # nothing asked: backoff
+    assert policy.delay(1, ValueError("no response")) == 7.0
+
+
+def test_retry_after_as_an_http_date(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The date counts from models.py's clock, a fake here: no wall-clock margin.
+    now = FakeClock(start=1_700_000_000.0)
+    monkeypatch.setattr("langchain_tag.models.time", SimpleNamespace(time=now.time))
+    when = email.utils.formatdate(now.time() + 5, usegmt=True)
+    assert CallRetry().delay(1, HTTPError(503, {"retry-after": when})) == 5.0

@@ -36,6 +36,7 @@ from langchain_tag.evaluation.npov import (
     VFR_SYSTEM_PROMPT,
     VFRAnswer,
     VFRJudge,
+    VFRJudgeOutput,
     VFRJudgmentError,
     VFRScores,
     char_similarity,
@@ -553,7 +554,7 @@ NO_WAIT = CallRetry(max_attempts=3, initial_delay=0.0, max_delay=0.0, jitter=0.0
 async def test_structured_answer_is_read() -> None:
     llm = StructuredVFRFake()
     judge = VFRJudge(llm=llm)
-    assert judge._structured_model is not None
+    assert judge._calls.structured(VFRJudgeOutput) is not None
     scores = await judge.ajudge(ORIGINAL, VIOLATION, REWRITE)
     assert llm.calls == 1
     assert (scores.vfr, scores.rem, scores.pres, scores.tone, scores.flu) == (
@@ -617,6 +618,20 @@ async def test_a_structured_call_that_raises_is_asked_again_as_text() -> None:
         VFRJudge(llm=strict, structured_output="always").judge(
             ORIGINAL, VIOLATION, REWRITE
         )
+
+
+def test_the_grader_falls_back_like_the_applicability_judge() -> None:
+    # One `StructuredFallback`: prose (no JSON at all) switches this grader to text
+    # calls; a JSON answer, even one the schema refuses, leaves structured output on.
+    prose = VFRJudge(llm=StructuredVFRFake(answer=f"Here you go: {FIXED}"))
+    assert prose.judge(ORIGINAL, VIOLATION, REWRITE).rem == 5
+    assert prose._calls.ignores_structured_output
+    assert prose._calls.structured(VFRJudgeOutput) is None
+    off_schema = VFRJudge(llm=StrictStructuredVFRFake(answer='{"VFR": "maybe"}'))
+    with pytest.raises(VFRJudgmentError, match="invalid"):
+        off_schema.judge(ORIGINAL, VIOLATION, REWRITE)
+    assert not off_schema._calls.ignores_structured_output
+    assert VFRJudge(llm=StructuredVFRFake())._calls.structured(VFRJudgeOutput)
 
 
 @pytest.mark.parametrize(
@@ -736,7 +751,5 @@ def test_the_prompt_holds_the_three_texts_in_their_blocks() -> None:
 def test_structured_output_always_needs_a_model_that_has_it() -> None:
     with pytest.raises(ValueError, match="does not support structured output"):
         VFRJudge(llm=VFRFake(), structured_output="always")
-    assert (
-        VFRJudge(llm=StructuredVFRFake(), structured_output="never")._structured_model
-        is None
-    )
+    never = VFRJudge(llm=StructuredVFRFake(), structured_output="never")
+    assert never._calls.structured(VFRJudgeOutput) is None

@@ -8,6 +8,7 @@ echoes any other prompt (so the executor's answer shows what it was given).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,15 +27,16 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import RunnableConfig
 from langgraph.cache.memory import InMemoryCache
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command
 from pydantic import Field
 
-from langchain_tag import Rulebook, query_graph
+from langchain_tag import ApplicabilityJudge, JudgmentError, Rulebook, query_graph
 from langchain_tag._graph import coerce_context
+from langchain_tag.engine import select_applicable
 from langchain_tag.execution import GENERIC_TEMPLATE, prompts
 from langchain_tag.extraction import build_extraction_graph
 from langchain_tag.matching import Verdict, constraint_profile
-from langchain_tag.matching.judge import select_applicable
 from langchain_tag.matching.prompts import read_judge_message
 from langchain_tag.models import CallRetry, ModelNotConfiguredError
 from langchain_tag.query_graph import (
@@ -43,12 +45,15 @@ from langchain_tag.query_graph import (
     QueryContext,
     QueryInput,
     build_query_graph,
+    checkpoint_serializer,
 )
+from langchain_tag.rules import Rule, RulebookError
 from langchain_tag.testing import (
     FakeClock,
     JudgeAndExtractorFakeChatModel,
     RuleAwareFakeChatModel,
     TransientFakeError,
+    trigger_rulebook,
 )
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -161,7 +166,8 @@ def test_end_to_end_with_a_rulebook(
         {"query": QUERY, "rulebook": rulebook}, context=QueryContext(judge_model=judge)
     )
 
-    assert set(output) == {"answer", "matches", "cost"}
+    assert set(output) == {"answer", "matches", "cost", "result"}
+    assert [d.id for d in output["result"].documents] == MATCHED
     assert ids(output["matches"]) == MATCHED  # rulebook order: no scores
     rules = {r.rule_id: r for r in pep8_rulebook.rules}
     for match in output["matches"]:
@@ -202,13 +208,13 @@ def test_one_judge_serves_every_rule_of_a_run(
 ) -> None:
     # A LangGraph server passes the run context as a dict, as `as_dict` does.
     built: list[QueryContext] = []
-    real = query_graph._build_judge
+    real = QueryContext._build_judge
 
     def counting(context: QueryContext, retry: CallRetry) -> Any:
         built.append(context)
         return real(context, retry)
 
-    monkeypatch.setattr(query_graph, "_build_judge", counting)
+    monkeypatch.setattr(QueryContext, "_build_judge", counting)
     graph = build_query_graph()
     for _ in range(2):
         # A server's JSON context is a dict: typed as the context only here.
@@ -251,20 +257,22 @@ def check_fan_out(updates: Sequence[Mapping[str, Any]], rulebook: Rulebook) -> N
     judged = [u["match_rule"] for u in updates if "match_rule" in u]
     assert len(judged) == len(rulebook) == nodes.count("match_rule")
     assert all(len(update["verdicts"]) == 1 for update in judged)
-    assert sorted(u["verdicts"][0]["rule_id"] for u in judged) == sorted(
+    assert sorted(u["verdicts"][0].rule_id for u in judged) == sorted(
         r.rule_id for r in rulebook.rules
     )
     applicable = sorted(
-        u["verdicts"][0]["rule_id"] for u in judged if u["verdicts"][0]["applies"]
+        u["verdicts"][0].rule_id for u in judged if u["verdicts"][0].applies
     )
     assert applicable == sorted(MATCHED)
     assert ids(updates[-1]["execute"]["matches"]) == MATCHED
 
 
 def test_stream_shows_one_match_rule_update_per_rule(
-    pep8_rulebook: Rulebook, pep8_json: dict[str, Any]
+    pep8_rulebook: Rulebook,
+    pep8_json: dict[str, Any],
+    overlapping_llm: RuleAwareFakeChatModel,
 ) -> None:
-    judge = RuleAwareFakeChatModel(latency=0.02)
+    judge = overlapping_llm  # its first call waits until a second is in flight
     updates = list(
         build_query_graph().stream(
             {"query": QUERY, "rulebook": pep8_json},
@@ -277,9 +285,11 @@ def test_stream_shows_one_match_rule_update_per_rule(
 
 
 async def test_astream_shows_one_match_rule_update_per_rule(
-    pep8_rulebook: Rulebook, pep8_json: dict[str, Any]
+    pep8_rulebook: Rulebook,
+    pep8_json: dict[str, Any],
+    overlapping_llm: RuleAwareFakeChatModel,
 ) -> None:
-    judge = RuleAwareFakeChatModel(latency=0.02)
+    judge = overlapping_llm  # its first call waits until a second is in flight
     updates = [
         update
         async for update in build_query_graph().astream(
@@ -305,16 +315,17 @@ async def test_ainvoke_matches_invoke(
 
 
 async def test_run_config_max_concurrency_bounds_judgments_in_flight(
-    pep8_json: dict[str, Any],
+    pep8_json: dict[str, Any], overlapping: Callable[..., RuleAwareFakeChatModel]
 ) -> None:
     """Each server process caps its own share of a provider's rate limit this way."""
     graph = build_query_graph()
     inputs: QueryInput = {"query": QUERY, "rulebook": pep8_json}
-    sync_judge = RuleAwareFakeChatModel(latency=0.05)
+    # Calls wait until three are in flight: the bound is reached, whatever the speed.
+    sync_judge = overlapping(3)
     graph.invoke(
         inputs, {"max_concurrency": 3}, context=QueryContext(judge_model=sync_judge)
     )
-    async_judge = RuleAwareFakeChatModel(latency=0.05)
+    async_judge = overlapping(3)
     await graph.ainvoke(
         inputs, {"max_concurrency": 3}, context=QueryContext(judge_model=async_judge)
     )
@@ -347,7 +358,7 @@ def test_verdicts_are_reset_on_every_run_of_a_thread(
     assert second["cost"]["applicable"] == 1
     values = graph.get_state(config).values
     assert len(values["verdicts"]) == len(pep8_rulebook)
-    assert [v["rule_id"] for v in values["verdicts"] if v["applies"]] == [
+    assert [v.rule_id for v in values["verdicts"] if v.applies] == [
         "PEP8-LAMBDA-ASSIGN"
     ]
 
@@ -386,7 +397,7 @@ def test_documents_are_extracted_as_part_of_the_run() -> None:
     assert nodes[:4] == ["load_rulebook", "extract", "review", "plan"]
 
     extracted = next(u["extract"] for u in updates if "extract" in u)
-    rules = extracted["rules"]
+    rules = [r.model_dump(mode="json") for r in extracted["rules"]]
     assert rules == extracted["rulebook"]["rules"]
     assert len(rules) == 4
     Rulebook.model_validate(extracted["rulebook"])
@@ -479,7 +490,9 @@ def test_review_pauses_with_the_extracted_rules() -> None:
     assert "Approve, edit or drop" in interrupt.value["message"]
     rules = interrupt.value["rules"]
     assert len(rules) == 4
-    assert rules == graph.get_state(config).values["rules"]
+    assert rules == [
+        r.model_dump(mode="json") for r in graph.get_state(config).values["rules"]
+    ]
     snapshot = graph.get_state(config)
     assert snapshot.next == ("review",)
     assert judge_prompts(model.judge) == []  # nothing judged before the review
@@ -514,8 +527,37 @@ def test_review_drop_removes_the_rule() -> None:
     assert output["cost"]["rules"] == output["cost"]["judgments"] == 3
     assert not any(dropped in prompt for prompt in model.judge.prompts)
     assert dropped not in output["answer"]
-    state_ids = [r["rule_id"] for r in graph.get_state(config).values["rules"]]
+    state_ids = [r.rule_id for r in graph.get_state(config).values["rules"]]
     assert dropped not in state_ids
+
+
+@pytest.mark.parametrize("allowed", ["named", "strict"])
+def test_state_types_survive_the_checkpoint(
+    allowed: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Named, they come back as themselves, unwarned; refused, as fields, still read."""
+    serde = (
+        checkpoint_serializer()
+        if allowed == "named"
+        else JsonPlusSerializer(allowed_msgpack_modules=None)
+    )
+    model = JudgeAndExtractorFakeChatModel()
+    graph = build_query_graph(checkpointer=InMemorySaver(serde=serde))
+    context = QueryContext(judge_model=model, review=True)
+    config, rules = start_review(graph, context)
+    dropped = rule_with(rules, "from os import *")["rule_id"]
+    with caplog.at_level(logging.WARNING, logger="langgraph"):
+        output = graph.invoke(
+            Command(resume={"drop": [dropped]}), config, context=context
+        )
+    assert ids(output["matches"]) == [rule_with(rules, "except:")["rule_id"]]
+    assert output["cost"]["judgments"] == 3
+    unregistered = [r for r in caplog.records if "unregistered" in r.getMessage()]
+    assert unregistered == [] or allowed == "strict"
+    stored = graph.get_state(config).values["rules"]
+    assert all(
+        isinstance(rule, Rule if allowed == "named" else dict) for rule in stored
+    )
 
 
 def test_review_decision_applies_when_the_resume_has_no_context() -> None:
@@ -555,7 +597,7 @@ def test_review_edited_rules_change_what_matches() -> None:
     output = graph.invoke(Command(resume={"rules": edited}), config, context=context)
 
     assert ids(output["matches"]) == [bare_except["rule_id"], new_code["rule_id"]]
-    assert graph.get_state(config).values["rules"][0]["condition"] == (
+    assert graph.get_state(config).values["rules"][0].condition == (
         "The input contains `print(`"
     )
 
@@ -1015,3 +1057,64 @@ def test_diagram_snapshots(file: str, module: str, builder: str) -> None:
     assert drawn == committed, REGENERATE.format(
         module=module, builder=builder, file=file
     )
+
+
+# --- options and inputs refused with a clear error ----------------------------------
+
+
+def test_query_context_refuses_a_negative_k() -> None:
+    with pytest.raises(ValueError, match="k must be None or an integer >= 0"):
+        QueryContext(k=-1)
+    with pytest.raises(ValueError, match="score_threshold"):
+        QueryContext(score_threshold=2)
+    assert QueryContext(k=0, score_threshold=1).k == 0
+
+
+def test_the_query_graph_names_the_bad_field_of_a_rulebook() -> None:
+    # Before: a raw pydantic ValidationError.
+    data = trigger_rulebook(2).model_dump(mode="json")
+    data["rules"][1]["condition"] = None
+    graph = build_query_graph()
+    with pytest.raises(
+        RulebookError, match=r"rules\[1\]\.condition \(rule_id 'R-001'\)"
+    ):
+        graph.invoke(
+            {"query": "x", "rulebook": data},
+            context=QueryContext(judge_model=RuleAwareFakeChatModel()),
+        )
+
+
+# --- the query graph under a server's dict context ----------------------------------
+
+
+def test_the_graph_refuses_a_bad_k_in_a_dict_context(
+    monkeypatch: pytest.MonkeyPatch, pep8_rulebook: Rulebook
+) -> None:
+    monkeypatch.setattr(query_graph, "_environment_model", RuleAwareFakeChatModel)
+    with pytest.raises(ValueError, match="k must be None or an integer >= 0"):
+        build_query_graph().invoke(
+            {"query": QUERY, "rulebook": pep8_rulebook.model_dump(mode="json")},
+            context=cast("QueryContext", {"k": -1}),  # as a server passes it
+        )
+
+
+def test_the_graph_retries_a_given_judge_once_not_twice(
+    pep8_rulebook: Rulebook,
+) -> None:
+    # A judge passed in the context keeps its model but retries by the graph's
+    # policy only: no node retry on top of the judge's (4 x 10 attempts before).
+    rule_id = pep8_rulebook.rules[0].rule_id
+    model = RuleAwareFakeChatModel(faults={rule_id: [TransientFakeError()] * 20})
+    given = ApplicabilityJudge(
+        llm=model, retry=CallRetry(max_attempts=10, initial_delay=0.0)
+    )
+    graph = build_query_graph(retry=CallRetry(max_attempts=3, initial_delay=0.0))
+    with pytest.raises(JudgmentError, match="after 3 attempt"):
+        graph.invoke(
+            {"query": QUERY, "rulebook": pep8_rulebook.model_dump(mode="json")},
+            context=QueryContext(judge=given),
+        )
+    attempts = [p for p in model.prompts if f"rule_id: {rule_id}\n" in p]
+    assert len(attempts) == 3
+    assert given.retry is not None
+    assert given.retry.max_attempts == 10  # the caller's judge is not changed

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import uuid
+import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler, CallbackManagerForRetrieverRun
@@ -19,9 +22,14 @@ from langchain_tag import (
     Rulebook,
     TAGRetriever,
 )
+from langchain_tag.engine import MATCH_EVENT, rule_passes
+from langchain_tag.learning import SQLiteVerdictLog, VerdictLogWarning
 from langchain_tag.matching import UnreliableMatchWarning
-from langchain_tag.retrievers import MATCH_EVENT, rule_passes
-from langchain_tag.testing import RuleAwareFakeChatModel
+from langchain_tag.rules import RulebookError
+from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
+
+if TYPE_CHECKING:
+    from tests.unit_tests.conftest import HeldFakeChatModel
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -244,9 +252,13 @@ def test_every_llm_call_nests_under_the_retriever_run(retriever: TAGRetriever) -
 @pytest.mark.parametrize("max_concurrency", [2, 5])
 @pytest.mark.parametrize("use_async", [False, True])
 def test_batch_is_bounded_across_queries(
-    pep8_rulebook: Rulebook, max_concurrency: int, *, use_async: bool
+    pep8_rulebook: Rulebook,
+    max_concurrency: int,
+    overlapping: Callable[..., RuleAwareFakeChatModel],
+    *,
+    use_async: bool,
 ) -> None:
-    llm = RuleAwareFakeChatModel(latency=0.02)
+    llm = overlapping(max_concurrency)  # the bound is reached, whatever the speed
     retriever = TAGRetriever(
         rulebook=pep8_rulebook,
         judge=ApplicabilityJudge(llm=llm, cache=None),
@@ -298,3 +310,178 @@ def test_without_a_model_the_error_lists_every_option(
 def test_missing_rulebook_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="file not found"):
         TAGRetriever.from_rulebook(tmp_path / "nope.json", llm=RuleAwareFakeChatModel())
+
+
+# --- options, ids and input checked before anything is judged ---------------------
+
+TRIGGERS = "trigger-000 trigger-001 trigger-002"
+
+
+def trigger_retriever(**kwargs: Any) -> tuple[TAGRetriever, RuleAwareFakeChatModel]:
+    model = RuleAwareFakeChatModel()
+    return TAGRetriever(rulebook=trigger_rulebook(5), llm=model, **kwargs), model
+
+
+# --- per-call options are checked before anything is judged ---------------------------
+
+
+def test_every_applicable_rule_comes_back_without_k() -> None:
+    tag, _ = trigger_retriever()
+    assert len(tag.invoke(TRIGGERS)) == 3
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        # Before: kept[:-1] silently dropped the last of three matches.
+        ({"k": -1}, "k must be None or an integer >= 0"),
+        # Before: a slicing TypeError after all five rules had been judged.
+        ({"k": "2"}, "k must be None or an integer >= 0"),
+        ({"k": 1.5}, "k must be None or an integer >= 0"),
+        ({"k": True}, "k must be None or an integer >= 0"),
+        ({"score_threshold": 1.5}, r"score_threshold must be .* in \[0, 1\]"),
+        ({"score_threshold": -0.1}, r"score_threshold must be .* in \[0, 1\]"),
+    ],
+)
+async def test_bad_per_call_options_fail_before_any_model_call(
+    options: dict[str, Any], message: str
+) -> None:
+    tag, model = trigger_retriever()
+    with pytest.raises(ValueError, match=message):
+        tag.invoke(TRIGGERS, **options)
+    with pytest.raises(ValueError, match=message):
+        await tag.ainvoke(TRIGGERS, **options)
+    with pytest.raises(ValueError, match=message):
+        tag.match(TRIGGERS, **options)
+    assert model.calls == 0
+
+
+def test_unknown_per_call_keywords_are_refused() -> None:
+    # Before: silently ignored, so a typo (`treshold`) changed nothing.
+    tag, model = trigger_retriever()
+    with pytest.raises(TypeError, match=r"unknown keyword argument.*treshold"):
+        tag.invoke(TRIGGERS, treshold=0.5)
+    assert model.calls == 0
+
+
+# --- ids checked at use ---------------------------------------------------------------
+
+
+def test_a_duplicate_id_added_after_construction_is_refused() -> None:
+    # Before: the dict of ids kept the later rule, so the rule that matched was
+    # reported with the other rule's name and action.
+    tag, model = trigger_retriever()
+    first = tag.rulebook.rules[0]
+    tag.rulebook.rules.append(
+        first.model_copy(update={"condition": "never", "action": "Do the other"})
+    )
+    with pytest.raises(RulebookError, match=r"'R-000' is used by more than one rule"):
+        tag.invoke(TRIGGERS)
+    assert model.calls == 0
+
+
+# --- the run config's max_concurrency -------------------------------------------------
+
+
+def six_rules_on(model: RuleAwareFakeChatModel) -> TAGRetriever:
+    judge = ApplicabilityJudge(llm=model, cache=None)  # every call reaches the model
+    return TAGRetriever(rulebook=trigger_rulebook(6), judge=judge)
+
+
+def test_the_run_configs_max_concurrency_is_honoured(
+    overlapping: Callable[..., RuleAwareFakeChatModel], held_llm: HeldFakeChatModel
+) -> None:
+    # Before: `config={"max_concurrency": 1}` was ignored: 8 judgments in flight.
+    # A bound above one is reached (calls wait until that many are in flight); a
+    # bound of one is kept while each call is held until the test has seen it alone.
+    model = overlapping(2)
+    six_rules_on(model).invoke(TRIGGERS)
+    assert model.peak_in_flight > 1  # the retriever's own bound is 8
+
+    tag = six_rules_on(held_llm)
+    held_llm.one_at_a_time(lambda: tag.invoke(TRIGGERS, config={"max_concurrency": 1}))
+    assert held_llm.peak_in_flight == 1
+
+    held_llm.reset()
+    held_llm.one_at_a_time(
+        lambda: tag.batch([TRIGGERS, "trigger-004"], config={"max_concurrency": 1})
+    )
+    assert held_llm.peak_in_flight == 1
+    assert held_llm.calls == 12
+
+    model = overlapping(2)
+    six_rules_on(model).invoke(TRIGGERS, config={"max_concurrency": 2})
+    assert model.peak_in_flight == 2
+
+
+def test_the_run_configs_max_concurrency_is_honoured_async(
+    held_llm: HeldFakeChatModel,
+) -> None:
+    tag = six_rules_on(held_llm)
+    held_llm.one_at_a_time(
+        lambda: asyncio.run(
+            tag.abatch([TRIGGERS, "trigger-004"], config={"max_concurrency": 1})
+        )
+    )
+    assert held_llm.peak_in_flight == 1
+    assert held_llm.calls == 12
+
+
+# --- rough edges ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rulebook", [Rulebook(), trigger_rulebook(2)])
+def test_a_non_string_query_gets_a_clear_type_error(rulebook: Rulebook) -> None:
+    # Before, with nothing to judge: TypeError: unhashable type: 'slice'.
+    tag = TAGRetriever(rulebook=rulebook, llm=RuleAwareFakeChatModel())
+    with pytest.raises(TypeError, match="The query must be a str, got dict"):
+        tag.invoke({"question": "x"})  # type: ignore[arg-type]
+
+
+def test_a_lone_surrogate_is_refused_with_the_fix() -> None:
+    # Before: UnicodeEncodeError deep inside the cache key's hashing.
+    tag, model = trigger_retriever()
+    broken = "trigger-000 \udcff"
+    with pytest.raises(ValueError, match=r"lone surrogate '\\udcff' at position 12"):
+        tag.invoke(broken)
+    with pytest.raises(ValueError, match="lone surrogate"):
+        ApplicabilityJudge(llm=model).invoke((broken, tag.rulebook.rules[0]))
+    assert model.calls == 0
+
+
+def test_score_threshold_without_scores_warns_once() -> None:
+    # Before: the threshold silently did nothing (unscored verdicts rank as 1.0).
+    tag, _ = trigger_retriever(score_threshold=0.5)
+    with pytest.warns(UserWarning, match="no effect on verdicts without a score"):
+        assert len(tag.invoke(TRIGGERS)) == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tag.invoke(TRIGGERS)
+
+
+# --- the verdict log is a side channel ----------------------------------------------
+
+
+def test_a_locked_verdict_log_loses_neither_the_retrieval_nor_a_verdict(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "verdicts.sqlite"
+    log = SQLiteVerdictLog(path, timeout=0.01)
+    model = RuleAwareFakeChatModel()
+    judge = ApplicabilityJudge(
+        llm=model, verdict_log=log, on_error="not_applicable", cache=None
+    )
+    tag = TAGRetriever(rulebook=trigger_rulebook(5), judge=judge)
+    holder = sqlite3.connect(path)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.warns(VerdictLogWarning, match=str(path.name)):
+            assert [d.id for d in tag.invoke(TRIGGERS)] == ["R-000", "R-001", "R-002"]
+        assert log.pending == 5
+    finally:
+        holder.rollback()
+        holder.close()
+    assert [d.id for d in tag.invoke("trigger-004")] == ["R-004"]
+    assert log.pending == 0
+    assert len(log) == 10  # the five paid while locked, then the five after
+    assert model.calls == 10

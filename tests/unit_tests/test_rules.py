@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import re
 import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -559,6 +557,13 @@ def test_load_future_format_version_says_to_upgrade(tmp_path: Path) -> None:
     assert "unknown field" not in message
 
 
+@pytest.mark.parametrize("version", [0, -1])
+def test_a_format_version_below_one_is_refused(version: int) -> None:
+    data = Rulebook().model_dump(mode="json") | {"format_version": version}
+    with pytest.raises(RulebookError, match="format_version"):
+        Rulebook.from_data(data)
+
+
 # --- atomic save ------------------------------------------------------------------
 
 
@@ -622,12 +627,15 @@ def test_save_keeps_the_mode_of_an_existing_file(
 
 
 # The writer imports rules.py on its own: importing the `langchain_tag` package pulls
-# in langchain-core and openai (~2.5 s), too slow to pay once per kill.
+# in langchain-core and openai (~2.5 s), too slow to pay once per kill. Its second
+# save stops at a chosen point (announcing it), where the test kills it: every point
+# of a save is covered, in the same order every run.
 _WRITER = """
 import importlib.util
+import signal
 import sys
 
-rules_file, target, round_ = sys.argv[1], sys.argv[2], sys.argv[3]
+rules_file, target, round_, count, kill_point = sys.argv[1:6]
 spec = importlib.util.spec_from_file_location("_tag_rules_writer", rules_file)
 module = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = module
@@ -642,21 +650,54 @@ rules = [
         tags=("refunds", f"group-{i % 7}"),
         metadata={"position": i},
     )
-    for i in range(int(sys.argv[4]))
+    for i in range(int(count))
 ]
-iteration = 0
-while True:
+
+
+def save(iteration):
     module.Rulebook(
         domain=f"round-{round_}-iteration-{iteration}",
         rules=rules,
         diagnostics={"iteration": iteration},
     ).save(target)
-    if iteration == 0:
-        print("saved", flush=True)
-    iteration += 1
+
+
+def stop_before(owner, name, nth):
+    original = getattr(owner, name)
+    calls = 0
+
+    def stopped(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == nth:
+            print("stopped", flush=True)
+            signal.pause()  # until the test's SIGKILL
+        return original(*args, **kwargs)
+
+    setattr(owner, name, stopped)
+
+
+save(0)
+print("saved", flush=True)
+owner, name, nth = {
+    "before-write": (module.os, "fchmod", 1),
+    "before-fsync": (module.os, "fsync", 1),
+    "before-rename": (module.Path, "replace", 1),
+    "after-rename": (module.os, "fsync", 2),
+    "before-cleanup": (module, "_remove_stale_temp_files", 1),
+}[kill_point]
+stop_before(owner, name, nth)
+save(1)
+print("not stopped", flush=True)
 """
 _KILL_RULES = 3000
-_KILL_ROUNDS = 5
+_KILL_POINTS = (
+    "before-write",
+    "before-fsync",
+    "before-rename",
+    "after-rename",
+    "before-cleanup",
+)
 
 
 def _check_complete(path: Path, round_: int) -> None:
@@ -670,11 +711,17 @@ def _check_complete(path: Path, round_: int) -> None:
     assert loaded.rules[-1].metadata == {"position": _KILL_RULES - 1}
 
 
+def _read_line(process: subprocess.Popen[bytes]) -> bytes:
+    """The writer's next line (unbuffered, so `select` sees every line)."""
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 10)  # a hang guard
+    return process.stdout.readline() if ready else b""
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
 def test_kill_during_save_always_leaves_a_complete_file(tmp_path: Path) -> None:
     path = tmp_path / "rulebook.json"
-    rng = random.Random(20240611)  # noqa: S311 - kill timing, not cryptography
-    for round_ in range(_KILL_ROUNDS):
+    for round_, kill_point in enumerate(_KILL_POINTS):
         process = subprocess.Popen(  # noqa: S603 - our own interpreter and code
             [
                 sys.executable,
@@ -684,19 +731,23 @@ def test_kill_during_save_always_leaves_a_complete_file(tmp_path: Path) -> None:
                 str(path),
                 str(round_),
                 str(_KILL_RULES),
+                kill_point,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            bufsize=0,
             cwd=tmp_path,
         )
         try:
-            assert process.stdout is not None
             assert process.stderr is not None
-            ready, _, _ = select.select([process.stdout], [], [], 10)
-            if not ready or process.stdout.readline() != b"saved\n":
+            if _read_line(process) != b"saved\n" or _read_line(process) != (
+                b"stopped\n"
+            ):
                 process.kill()
-                pytest.fail(f"writer failed: {process.stderr.read().decode()}")
-            time.sleep(rng.uniform(0.0, 0.2))
+                pytest.fail(
+                    f"writer did not stop {kill_point}: "
+                    f"{process.stderr.read().decode()}"
+                )
             process.send_signal(signal.SIGKILL)
             assert process.wait(timeout=10) == -signal.SIGKILL
         finally:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import json
+import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,15 +21,16 @@ import pytest
 from langchain_tag import Rule, Rulebook, Verdict
 from langchain_tag.cli import verdicts as verdicts_cli
 from langchain_tag.cli.errors import CommandError
-from langchain_tag.matching.learned import (
+from langchain_tag.learning.learned_prefilter import (
     FeatureHashing,
     HashedFeatures,
     LabelledExample,
     LearnedPrefilter,
 )
-from langchain_tag.matching.verdict_log import (
+from langchain_tag.learning.verdict_log import (
     Retention,
     SQLiteVerdictLog,
+    VerdictLogWarning,
     VerdictRecord,
     open_verdict_log,
 )
@@ -50,6 +54,7 @@ def log_inputs(log: SQLiteVerdictLog, texts: list[str], **fields: object) -> Non
 def test_records_round_trip(tmp_path: Path) -> None:
     log = SQLiteVerdictLog(tmp_path / "log.sqlite")
     rule = RULES.rules[1]
+    started = time.time()
     log.record(
         PRIVATE_INPUT,
         rule,
@@ -72,7 +77,7 @@ def test_records_round_trip(tmp_path: Path) -> None:
     )
     assert record.source == "judge"
     assert record.weight == pytest.approx(20.0)
-    assert abs(record.created - time.time()) < 60
+    assert started <= record.created <= time.time()
     assert log.position() == 1
     assert len(log) == 1
 
@@ -174,7 +179,7 @@ def test_retention_by_age(tmp_path: Path) -> None:
     )
     rule = RULES.rules[0]
     old = VerdictRecord.of("old", rule, Verdict(rule_id="R-000", applies=False))
-    log.append([old.model_copy(update={"created": time.time() - 2 * 86400})])
+    log.append([old.model_copy(update={"created": 0.0})])  # 1970: older than a day
     log_inputs(log, ["new"])
     assert log.prune() == 1
     assert {r.text for r in log.records()} == {"new"}
@@ -228,7 +233,7 @@ WRITER = textwrap.dedent(
     """
     import sys
     from langchain_tag import Verdict
-    from langchain_tag.matching.verdict_log import open_verdict_log
+    from langchain_tag.learning.verdict_log import open_verdict_log
     from langchain_tag.testing import trigger_rulebook
     location, table, name, inputs = sys.argv[1:]
     # Writer 0 keeps no text: mixed policies share one log.
@@ -332,3 +337,87 @@ def test_cli_never_shows_a_password() -> None:
     assert (
         verdicts_cli._redacted("postgresql://tag@db/tag") == "postgresql://tag@db/tag"
     )
+
+
+# --- a side channel ------------------------------------------------------------------
+
+
+def test_a_locked_log_warns_once_keeps_the_records_and_writes_them_later(
+    tmp_path: Path,
+) -> None:
+    """Before, "database is locked" was raised into the judge's retrieval."""
+    path = tmp_path / "log.sqlite"
+    log = SQLiteVerdictLog(path, timeout=0.05)
+    rules = RULES.rules
+    log.record("first", rules[0], verdict(rules[0], "first"))
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i, rule in enumerate(rules):  # never raises
+                log.record(f"locked {i}", rule, verdict(rule, f"locked {i}"))
+        assert log.pending == len(rules)
+    finally:
+        holder.rollback()
+        holder.close()
+    logged = [w for w in caught if issubclass(w.category, VerdictLogWarning)]
+    assert len(logged) == 1
+    message = str(logged[0].message)
+    assert str(path) in message
+    assert "database is locked" in message
+    log.record("after", rules[1], verdict(rules[1], "after"))
+    assert log.pending == 0
+    assert [r.text for r in log.records()] == [
+        "first",
+        *(f"locked {i}" for i in range(len(rules))),
+        "after",
+    ]
+
+
+def test_flush_writes_what_is_pending_and_a_failing_flush_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    rule = RULES.rules[0]
+    real_insert = log._insert
+
+    def failing(records: object) -> None:
+        msg = "disk I/O error"
+        raise sqlite3.OperationalError(msg)
+
+    monkeypatch.setattr(log, "_insert", failing)
+    with pytest.warns(VerdictLogWarning, match="disk I/O error"):
+        log.record("a", rule, verdict(rule, "a"))
+    assert asyncio.run(log.aappend([VerdictRecord.of("b", rule, verdict(rule, "b"))]))
+    assert log.pending == 2
+    with pytest.raises(sqlite3.OperationalError):
+        log.flush()
+    assert log.pending == 2
+    monkeypatch.setattr(log, "_insert", real_insert)
+    assert log.flush() == 2
+    assert log.flush() == 0
+    assert [r.text for r in log.records()] == ["a", "b"]
+    # Written again: a new failure warns again.
+    monkeypatch.setattr(log, "_insert", failing)
+    with pytest.warns(VerdictLogWarning):
+        log.record("c", rule, verdict(rule, "c"))
+
+
+def test_close_writes_what_is_pending(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite"
+    log = SQLiteVerdictLog(path, timeout=0.05)
+    rule = RULES.rules[0]
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.warns(VerdictLogWarning):
+            log.record("paid", rule, verdict(rule, "paid"))
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            log.close()  # still locked: the record stays pending, nothing lost
+        assert log.pending == 1
+    finally:
+        holder.rollback()
+        holder.close()
+    log.close()
+    assert [r.text for r in SQLiteVerdictLog(path).records()] == ["paid"]

@@ -4,9 +4,10 @@ A learned prefilter skips the rules it predicts the judge would answer NO for. A
 small share of those skipped pairs (`explore`) is judged anyway, so that labels keep
 flowing for the skipped rules (no feedback loop) and the prefilter's recall can be
 estimated live: `explore_pairs` draws them, reproducibly; `estimate_recall` turns
-what they found into a recall estimate with a Wilson interval; `RetrainPolicy` says
-when enough new verdicts call for training again. No numpy: `TAGRetriever` uses
-these on every retrieval.
+what they found into a recall estimate with a Wilson interval; `ShadowJudging`
+holds one engine's shadow judging around a `LearnedPrefilter`: which candidates to
+judge for an input, and the recall counts across retrievals. These run on every
+retrieval; this module imports no numpy.
 """
 
 from __future__ import annotations
@@ -14,11 +15,20 @@ from __future__ import annotations
 import hashlib
 import math
 import statistics
-from collections.abc import Iterable
+import threading
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RecallEstimate", "RetrainPolicy", "estimate_recall", "explore_pairs"]
+from langchain_tag._text import digest
+
+if TYPE_CHECKING:
+    from langchain_tag.learning.learned_prefilter import LearnedPrefilter
+    from langchain_tag.matching.judge import Verdict
+    from langchain_tag.rules import Rule
+
+__all__ = ["RecallEstimate", "ShadowJudging", "estimate_recall", "explore_pairs"]
 
 
 def explore_pairs(
@@ -126,20 +136,84 @@ def estimate_recall(
     )
 
 
-class RetrainPolicy(BaseModel):
-    """Train again once `every` new verdicts have been logged since the last time.
+class ShadowJudging:
+    """Thread-safe per-engine state of shadow judging around a LearnedPrefilter.
 
-    Positions are the verdict log's (`VerdictLog.position()`), which only grow,
-    so the policy holds across processes sharing one log and across pruning.
+    `partition` says which candidates a retrieval judges: the prefilter's kept ones,
+    the skipped ones explored at rate `explore`, and every candidate the prefilter
+    does not know. `observe` adds a retrieval's YES verdicts to the running counts
+    and gives the recall estimate. The counts accumulate across retrainings, so the
+    interval narrows as the engine runs (it estimates the recall of the models that
+    served those retrievals, together).
+
+    Args:
+        prefilter: The learned prefilter.
+        explore: The share of skipped (input, rule) pairs judged anyway, in [0, 1].
+
+    Raises:
+        ValueError: `explore` is outside [0, 1].
     """
 
-    model_config = ConfigDict(frozen=True)
+    def __init__(self, prefilter: LearnedPrefilter, *, explore: float = 0.05) -> None:
+        """Start with no counts."""
+        if not 0.0 <= explore <= 1.0:
+            msg = f"explore must be in [0, 1], got {explore!r}"
+            raise ValueError(msg)
+        self.prefilter = prefilter
+        self.explore = explore
+        self._lock = threading.Lock()
+        self._kept_yes = 0
+        self._shadow_yes = 0
 
-    every: int = Field(default=200, ge=1)
+    def partition(
+        self, query: str, candidates: Sequence[Rule]
+    ) -> tuple[list[Rule], dict[str, float]]:
+        """The candidates to judge, and the explored ones with their rate.
 
-    def due(self, position: int, trained_at: int | None = None) -> bool:
-        """Whether to train now, at log `position`, last trained at `trained_at`.
+        Args:
+            query: The input.
+            candidates: The rules the retrieval may judge.
 
-        Never trained (`trained_at` None): due once `every` verdicts are logged.
+        Returns:
+            The candidates to judge, in candidate order (the prefilter's kept ones,
+            the explored skipped ones, and every candidate the prefilter does not
+            know), and the explored ones as rule id -> exploration rate (a verdict
+            log weighs their verdicts `1 / rate`).
         """
-        return position - (trained_at or 0) >= self.every
+        if not candidates:
+            return [], {}
+        _, skipped = self.prefilter.partition(query, candidates)
+        explored = explore_pairs(skipped, digest(query), rate=self.explore)
+        dropped = set(skipped).difference(explored)
+        judged = [rule for rule in candidates if rule.rule_id not in dropped]
+        return judged, dict.fromkeys(explored, self.explore)
+
+    def observe(
+        self, verdicts: Sequence[Verdict], explored: Collection[str]
+    ) -> RecallEstimate | None:
+        """Add one retrieval's YES verdicts, kept and shadow; the running estimate.
+
+        Args:
+            verdicts: The retrieval's verdicts.
+            explored: The ids of the rules judged in the shadow (`partition`'s).
+
+        Returns:
+            The estimate over every retrieval observed since the prefilter was
+            first trained; None while it is not trained, or without exploring.
+        """
+        if not self.explore or not self.prefilter.fitted:
+            return None
+        shadow = set(explored)
+        shadow_yes = sum(v.applies for v in verdicts if v.rule_id in shadow)
+        kept_yes = sum(v.applies for v in verdicts if v.rule_id not in shadow)
+        with self._lock:
+            self._kept_yes += kept_yes
+            self._shadow_yes += shadow_yes
+            kept, found = self._kept_yes, self._shadow_yes
+        return estimate_recall(kept, found, self.explore)
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """The YES verdicts observed so far: (kept, shadow)."""
+        with self._lock:
+            return self._kept_yes, self._shadow_yes

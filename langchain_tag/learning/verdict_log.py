@@ -36,14 +36,23 @@ log to `store_text=False` does not erase the texts it already holds.
 append, so a log may exceed `max_rows` by that much per writer until the next prune;
 `prune()` applies it at once. Inputs no verdict points at any more are deleted with
 it.
+
+**A side channel**: the judge's retrieval never fails because its log does. A write
+that fails (a locked database, a lost connection, ...) warns once
+(`VerdictLogWarning`, naming the log and the error), and its records wait in memory
+(`pending`); they are written first, in order, at the next successful write or at
+`flush()`. Nothing paid for is lost while the process lives.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import logging
+import re
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -54,12 +63,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_tag._text import digest
 from langchain_tag.cache import SQLiteConnections
-from langchain_tag.matching.judge import Verdict
-from langchain_tag.matching.learned import (
+from langchain_tag.learning.learned_prefilter import (
     FeatureHashing,
     HashedFeatures,
     LabelledExample,
 )
+from langchain_tag.matching.judge import Verdict
 from langchain_tag.rules import Rule, Rulebook
 
 __all__ = [
@@ -70,9 +79,17 @@ __all__ = [
     "SQLiteVerdictLog",
     "VerdictLog",
     "VerdictLogStats",
+    "VerdictLogWarning",
     "VerdictRecord",
     "open_verdict_log",
 ]
+
+logger = logging.getLogger(__name__)
+
+
+class VerdictLogWarning(UserWarning):
+    """The verdict log could not be written; its records are kept in memory."""
+
 
 DEFAULT_TRAINING_SOURCES = ("judge", "cascade-cheap", "cascade-strong")
 """Sources whose verdicts are applicability verdicts. The relevance baseline's
@@ -209,16 +226,14 @@ class VerdictLog(abc.ABC):
         self._appended = 0
         self._lock = threading.Lock()
         self._last_hashed: tuple[str, HashedFeatures] | None = None
+        self._pending: list[VerdictRecord] = []
+        # Held while the pending records are written, so they go first, in order.
+        self._write_lock = threading.Lock()
+        self._failing = False
 
     # -- writing ----------------------------------------------------------------------
 
-    def record(
-        self,
-        text: str,
-        rule: Rule,
-        verdict: Verdict,
-        **fields: Any,
-    ) -> None:
+    def record(self, text: str, rule: Rule, verdict: Verdict, **fields: Any) -> None:
         """Append the record of one judgment (see `VerdictRecord.of` for `fields`)."""
         self.append([VerdictRecord.of(text, rule, verdict, **fields)])
 
@@ -229,23 +244,103 @@ class VerdictLog(abc.ABC):
         await asyncio.to_thread(self.record, text, rule, verdict, **fields)
 
     def append(self, records: Iterable[VerdictRecord]) -> int:
-        """Append records in one transaction; returns how many.
+        """Append records in one transaction; returns how many it accepted.
 
         Under `store_text=False` a record's text is replaced by its hashed features
-        before anything is written.
+        before anything is written. A write that fails does not raise: it warns
+        once (`VerdictLogWarning`) and the records wait in memory (`pending`) until
+        the next write that succeeds, which writes them first, in order.
         """
         prepared = [self._stored_form(record) for record in records]
         if not prepared:
             return 0
-        self._insert(prepared)
+        if self._failing:
+            with self._write_lock:
+                self._write([*self._take_pending(), *prepared])
+        else:
+            self._write(prepared)
+        return len(prepared)
+
+    def flush(self) -> int:
+        """Write the records a failed write left in memory; returns how many.
+
+        Raises:
+            Exception: The store's error, when the write fails again (the records
+                stay pending).
+        """
+        with self._write_lock:
+            batch = self._take_pending()
+            if not batch:
+                return 0
+            try:
+                self._insert(batch)
+            except BaseException:
+                with self._lock:
+                    self._pending[:0] = batch
+                raise
+            self._written(batch)
+        return len(batch)
+
+    @property
+    def pending(self) -> int:
+        """Records a failed write left in memory, to be written at the next write."""
         with self._lock:
-            self._appended += len(prepared)
+            return len(self._pending)
+
+    @property
+    def location(self) -> str:
+        """Where the log is, for messages (no password)."""
+        return type(self).__name__
+
+    def _take_pending(self) -> list[VerdictRecord]:
+        with self._lock:
+            batch, self._pending = self._pending, []
+        return batch
+
+    def _write(self, batch: list[VerdictRecord]) -> None:
+        """Insert `batch`; on failure keep it pending (first) and warn once."""
+        try:
+            self._insert(batch)
+        except Exception as error:  # noqa: BLE001 - a side channel never fails a caller
+            with self._lock:
+                self._pending[:0] = batch
+                first = not self._failing
+                self._failing = True
+                pending = len(self._pending)
+            if first:
+                warnings.warn(
+                    f"The verdict log {self.location} cannot be written "
+                    f"({type(error).__name__}: {error}); its records are kept in "
+                    f"memory ({pending} so far) and written at the next write that "
+                    "succeeds, or at flush().",
+                    VerdictLogWarning,
+                    stacklevel=4,
+                )
+            return
+        self._written(batch)
+
+    def _written(self, batch: Sequence[VerdictRecord]) -> None:
+        """Bookkeeping after `batch` was written: recovery, and pruning when due."""
+        with self._lock:
+            recovered = self._failing and not self._pending
+            if recovered:
+                self._failing = False
+            self._appended += len(batch)
             due = self._appended >= self.retention.prune_every
             if due:
                 self._appended = 0
+        if recovered:
+            logger.info("The verdict log %s is written again.", self.location)
         if due:
-            self.prune()
-        return len(prepared)
+            try:
+                self.prune()
+            except Exception as error:  # noqa: BLE001 - tried again at the next mark
+                logger.warning(
+                    "Pruning the verdict log %s failed (%s: %s); tried again later.",
+                    self.location,
+                    type(error).__name__,
+                    error,
+                )
 
     async def aappend(self, records: Iterable[VerdictRecord]) -> int:
         """Async `append`; runs in a worker thread."""
@@ -371,8 +466,18 @@ class VerdictLog(abc.ABC):
     def clear(self) -> None:
         """Delete every verdict and input."""
 
-    @abc.abstractmethod
     def close(self) -> None:
+        """Write the pending records (see `flush`), then close the connection.
+
+        Raises:
+            Exception: The store's error, when pending records still cannot be
+                written; the log stays open and keeps them.
+        """
+        self.flush()
+        self._close()
+
+    @abc.abstractmethod
+    def _close(self) -> None:
         """Close this thread's connection."""
 
 
@@ -610,7 +715,8 @@ class SQLiteVerdictLog(_SQLVerdictLog):
         path: The database file (created with its directory if needed); it may be
             the verdict cache's file, the tables differ.
         table: The verdicts table; inputs go in `<table>_inputs`.
-        timeout: Seconds a writer waits for another's lock.
+        timeout: Seconds a writer waits for another's lock; then its records are
+            kept in memory until the next write (see `VerdictLog.append`).
         **kwargs: `store_text`, `hashing`, `retention` (see `VerdictLog`).
     """
 
@@ -645,8 +751,12 @@ class SQLiteVerdictLog(_SQLVerdictLog):
         with conn:  # ends the read transaction, so WAL checkpoints can proceed
             return conn.execute(self._sql(template), parameters).fetchall()
 
-    def close(self) -> None:
-        """Close this thread's connection."""
+    @property
+    def location(self) -> str:
+        """The database file."""
+        return str(self.path)
+
+    def _close(self) -> None:
         self._connections.close()
 
 
@@ -680,6 +790,12 @@ class PostgresVerdictLog(_SQLVerdictLog):
         lock = ("SELECT pg_advisory_xact_lock(hashtext(?))", [(table,)])
         self._execute([lock, *((template, [()]) for template in _SCHEMA)])
 
+    @property
+    def location(self) -> str:
+        """The connection string, without a password."""
+        redacted = re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", self.conninfo)
+        return re.sub(r"(password\s*=\s*)\S+", r"\1***", redacted)
+
     def _connection(self) -> Any:
         conn = getattr(self._local, "conn", None)
         if conn is None or conn.closed:
@@ -711,8 +827,7 @@ class PostgresVerdictLog(_SQLVerdictLog):
         cursor = self._connection().execute(self._sql(template), parameters)
         return list(cursor.fetchall())
 
-    def close(self) -> None:
-        """Close this thread's connection."""
+    def _close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             self._local.conn = None

@@ -1,0 +1,160 @@
+"""Retraining: a learned prefilter trained again from the verdict log as it grows.
+
+`RetrainPolicy` says when enough new verdicts call for training again;
+`Retrainer` trains in a background thread when it is due, so no retrieval waits
+for a training: the prefilter keeps serving its old model until the new one is
+installed, in one assignment.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from langchain_tag.rules import Rule, Rulebook
+
+if TYPE_CHECKING:
+    from langchain_tag.learning.learned_prefilter import FitReport, LearnedPrefilter
+    from langchain_tag.learning.verdict_log import VerdictLog
+
+__all__ = ["RetrainPolicy", "Retrainer"]
+
+logger = logging.getLogger(__name__)
+
+
+class RetrainPolicy(BaseModel):
+    """Train again once `every` new verdicts have been logged since the last time.
+
+    Positions are the verdict log's (`VerdictLog.position()`), which only grow,
+    so the policy holds across processes sharing one log and across pruning.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    every: int = Field(default=200, ge=1)
+
+    def due(self, position: int, trained_at: int | None = None) -> bool:
+        """Whether to train now, at log `position`, last trained at `trained_at`.
+
+        Never trained (`trained_at` None): due once `every` verdicts are logged.
+        """
+        return position - (trained_at or 0) >= self.every
+
+
+class Retrainer:
+    """Trains a LearnedPrefilter again from a verdict log, in a background thread.
+
+    Call `poll()` after each retrieval: when `RetrainPolicy(every)` says a training
+    is due and none is running, it starts one in a daemon thread and returns at
+    once. The training reads `log.examples(rulebook)` and fits the prefilter over
+    `rulebook`; the prefilter keeps serving its old model until the new one is
+    installed. A failing training logs a warning with its error and is tried again
+    at the next mark (`every` verdicts later); it is never raised into a retrieval.
+
+    Args:
+        prefilter: The prefilter to train.
+        log: The verdict log to learn from.
+        rulebook: The rules to train over (the engine's).
+        every: Train again once this many new verdicts are logged.
+    """
+
+    def __init__(
+        self,
+        prefilter: LearnedPrefilter,
+        log: VerdictLog,
+        rulebook: Rulebook,
+        *,
+        every: int,
+    ) -> None:
+        """Remember what to train; nothing runs until `poll`."""
+        self.prefilter = prefilter
+        self.log = log
+        self.rulebook = rulebook
+        self.policy = RetrainPolicy(every=every)
+        self.trained_at: int | None = None
+        """The log position of the last training started (None: never)."""
+        self._lock = threading.Lock()
+        self._running: concurrent.futures.Future[FitReport] | None = None
+
+    @property
+    def running(self) -> concurrent.futures.Future[FitReport] | None:
+        """The training under way, if any."""
+        with self._lock:
+            return self._running
+
+    def poll(
+        self, rules: Sequence[Rule] | None = None
+    ) -> concurrent.futures.Future[FitReport] | None:
+        """Start a training in the background if one is due and none is running.
+
+        `rules`, when given, are the rules the caller retrieves over now: the
+        training is over them (new rules learnt, removed ones dropped), and they
+        become `rulebook`.
+
+        Never blocks on a training and never raises: a log that cannot be read
+        logs a warning and the next poll asks again.
+
+        Returns:
+            The future of the training started now (its result is the
+            `FitReport`; a failed training's future holds its error), else None.
+        """
+        with self._lock:
+            if self._running is not None:
+                return None
+            try:
+                position = self.log.position()
+            except Exception as error:  # noqa: BLE001 - never into a retrieval
+                logger.warning(
+                    "Retraining the learned prefilter: cannot read the verdict "
+                    "log's position (%s: %s); asking again at the next retrieval.",
+                    type(error).__name__,
+                    error,
+                )
+                return None
+            if not self.policy.due(position, self.trained_at):
+                return None
+            # A failed training is tried again at the next mark, not at once.
+            self.trained_at = position
+            future: concurrent.futures.Future[FitReport] = concurrent.futures.Future()
+            future.set_running_or_notify_cancel()
+            self._running = future
+            if rules is not None and list(rules) != list(self.rulebook.rules):
+                self.rulebook = Rulebook(rules=list(rules))
+        thread = threading.Thread(
+            target=self._train,
+            args=(future, position),
+            name="langchain-tag-retrainer",
+            daemon=True,
+        )
+        thread.start()
+        return future
+
+    def _train(
+        self, future: concurrent.futures.Future[FitReport], position: int
+    ) -> None:
+        try:
+            report = self.prefilter.fit(
+                self.log.examples(self.rulebook), rulebook=self.rulebook
+            )
+        except BaseException as error:  # noqa: BLE001 - reported, never raised
+            logger.warning(
+                "Retraining the learned prefilter at verdict log position %d failed "
+                "(%s: %s); it keeps its previous model and tries again after %d "
+                "more verdicts.",
+                position,
+                type(error).__name__,
+                error,
+                self.policy.every,
+            )
+            with self._lock:
+                self._running = None
+            future.set_exception(error)
+            return
+        with self._lock:
+            self._running = None
+        future.set_result(report)

@@ -1,0 +1,235 @@
+"""The fan-out of one input's judgments: worker threads or tasks, and their retries.
+
+What the judgments of one fan-out share travels in a context variable (`_FAN_OUT`,
+set in each judgment's own context copy): the concurrency limiter whose pauses they
+wait out, the event that stops them once one failed for good (sync fan-outs), and
+the exploration rates of the rules drawn for shadow judging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import ContextThreadPoolExecutor
+from tenacity import AsyncRetrying, RetryCallState, Retrying
+
+from langchain_tag.errors import TAGError
+from langchain_tag.models import ONE_ATTEMPT, CallRetry, is_rate_limit
+
+if TYPE_CHECKING:
+    from langchain_tag.matching.limiter import ConcurrencyLimiter
+    from langchain_tag.matching.verdicts import Verdict
+    from langchain_tag.rules import Rule
+
+MAX_THREADS = 64
+
+RetryingT = TypeVar("RetryingT", Retrying, AsyncRetrying)
+Unit = Sequence["Rule"]
+
+
+@dataclass(frozen=True)
+class _FanOut:
+    """What the judgments of one fan-out share, seen from inside a judgment."""
+
+    limiter: ConcurrencyLimiter
+    failed: threading.Event | None = None
+    """Sync fan-outs: set once a judgment failed for good (stop the others)."""
+    explored: Mapping[str, float] = field(default_factory=dict)
+    """Rule id -> the exploration rate at which it was drawn for shadow judging."""
+
+
+_FAN_OUT: contextvars.ContextVar[_FanOut | None] = contextvars.ContextVar(
+    "tag_fan_out", default=None
+)
+
+
+class Abandoned(TAGError):  # noqa: N818 - never raised to callers
+    """A judgment given up because another one of its fan-out failed for good."""
+
+
+def _give_up_if_abandoned() -> None:
+    fan_out = _FAN_OUT.get()
+    if fan_out is not None and fan_out.failed is not None and fan_out.failed.is_set():
+        raise Abandoned
+
+
+def explore_rate(rule_id: str) -> float | None:
+    """The rate at which the fan-out drew `rule_id` for shadow judging, if it did."""
+    fan_out = _FAN_OUT.get()
+    return None if fan_out is None else fan_out.explored.get(rule_id)
+
+
+# Retry hooks. `tag_waited_until` on the retry state: the end of the pause this
+# judgment has just slept through, so it waits only for a later one.
+def _before_attempt(state: RetryCallState) -> None:
+    _give_up_if_abandoned()
+    fan_out = _FAN_OUT.get()
+    if fan_out is not None:
+        fan_out.limiter.wait_turn(getattr(state, "tag_waited_until", None))
+
+
+async def _abefore_attempt(state: RetryCallState) -> None:
+    fan_out = _FAN_OUT.get()
+    if fan_out is not None:
+        await fan_out.limiter.await_turn(getattr(state, "tag_waited_until", None))
+
+
+def succeeded() -> None:
+    """A judgment's call went through (the limiter lets more in flight)."""
+    fan_out = _FAN_OUT.get()
+    if fan_out is not None:
+        fan_out.limiter.succeeded()
+
+
+def _wait(retry: CallRetry, state: RetryCallState) -> float:
+    error = state.outcome.exception() if state.outcome is not None else None
+    delay = retry.delay(state.attempt_number, error)
+    fan_out = _FAN_OUT.get()
+    if fan_out is not None:
+        # This judgment sleeps `delay` now; before its next attempt it waits only
+        # for what a pause of the fan-out adds beyond that.
+        state.tag_waited_until = fan_out.limiter.back_off(  # type: ignore[attr-defined]
+            delay, rate_limited=is_rate_limit(error)
+        )
+    return delay
+
+
+def retrying(retry: CallRetry | None, kind: type[RetryingT]) -> RetryingT:
+    """The one retry layer of a judgment's model call (the client's are off).
+
+    Before each attempt a judgment waits out the fan-out's shared pause (after a
+    rate limit, all wait; under on_error="raise" a sibling's failure ends a sync
+    fan-out); a wait the provider asks for (`Retry-After`) is honoured.
+    """
+    policy = retry or ONE_ATTEMPT
+    return policy.retrying(
+        kind,
+        wait=functools.partial(_wait, policy),
+        before=_abefore_attempt if kind is AsyncRetrying else _before_attempt,
+    )
+
+
+def judgment_config(config: RunnableConfig, *rules: Rule) -> RunnableConfig:
+    """The config of one model call: its run named after its rules, like the fan-out."""
+    ids = [rule.rule_id for rule in rules]
+    named = {"tag_rule_id": ids[0]} if len(ids) == 1 else {"tag_rule_ids": ids}
+    child = cast(
+        "RunnableConfig",
+        {
+            **config,
+            "run_name": "judge:" + "+".join(ids),
+            "metadata": {**config.get("metadata", {}), **named},
+        },
+    )
+    child.pop("run_id", None)
+    return child
+
+
+def in_threads(
+    judge_unit: Callable[[Unit], list[Verdict]],
+    units: Sequence[Unit],
+    limiter: ConcurrencyLimiter,
+    explored: Mapping[str, float],
+) -> list[Verdict]:
+    """Run `judge_unit` on every unit in worker threads; the verdicts in unit order.
+
+    The first failure for good stops the fan-out: units not started are dropped,
+    running ones make no further attempt, and that failure is raised, never the
+    `Abandoned` of a judgment it stopped.
+    """
+    failed = threading.Event()
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+
+    def judge_one(unit: Unit) -> list[Verdict]:
+        with limiter.hold():
+            # In this task's own copy of the context.
+            _FAN_OUT.set(_FanOut(limiter, failed, explored))
+            _give_up_if_abandoned()
+            try:
+                return judge_unit(unit)
+            except Abandoned:
+                raise
+            except BaseException as error:
+                # Recorded before the others are stopped, and before this worker
+                # takes the next queued unit.
+                with lock:
+                    failures.append(error)
+                failed.set()
+                raise
+
+    workers = min(len(units), limiter.bound or MAX_THREADS)
+    with ContextThreadPoolExecutor(max_workers=workers) as executor:
+        futures = [executor.submit(judge_one, unit) for unit in units]
+        try:
+            # The first failure is raised when it happens, not when the units
+            # before it are done.
+            concurrent.futures.wait(
+                futures, return_when=concurrent.futures.FIRST_EXCEPTION
+            )
+        except BaseException:
+            _stop(failed, futures)
+            raise
+        if any(_raised(future) for future in futures):
+            _stop(failed, futures)
+    # Every unit has ended: the failure that stopped the others is the one raised.
+    if failures:
+        raise failures[0]
+    errors = [
+        error
+        for future in futures
+        if not future.cancelled() and (error := future.exception()) is not None
+    ]
+    if errors:
+        raise next((e for e in errors if not isinstance(e, Abandoned)), errors[0])
+    return [v for future in futures for v in future.result()]
+
+
+def _stop(
+    failed: threading.Event, futures: Sequence[concurrent.futures.Future[Any]]
+) -> None:
+    # Queued units are dropped; running ones stop before their next attempt, so
+    # leaving the pool waits for one call or backoff pause each.
+    failed.set()
+    for future in futures:
+        future.cancel()
+
+
+def _raised(future: concurrent.futures.Future[Any]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is not None
+
+
+async def in_tasks(
+    ajudge_unit: Callable[[Unit], Awaitable[list[Verdict]]],
+    units: Sequence[Unit],
+    limiter: ConcurrencyLimiter,
+    explored: Mapping[str, float],
+) -> list[Verdict]:
+    """Run `ajudge_unit` on every unit concurrently; the verdicts in unit order.
+
+    The first failure cancels the units still running or waiting and propagates.
+    """
+
+    async def judge_one(unit: Unit) -> list[Verdict]:
+        # The slot is taken before any work, so queued judgments cost nothing.
+        async with limiter.ahold():
+            _FAN_OUT.set(_FanOut(limiter, None, explored))  # a task's context copy
+            return await ajudge_unit(unit)
+
+    tasks = [asyncio.ensure_future(judge_one(unit)) for unit in units]
+    try:
+        results = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    return [v for unit in results for v in unit]

@@ -1,0 +1,172 @@
+"""Several rules judged in one model call (`ApplicabilityJudge.rules_per_call > 1`).
+
+The input is sent once per call; the action stays withheld. Verdicts are cached
+per (input, rule) as always; a rule the answer leaves out, names twice or decides
+in a format that was not asked for is judged again alone. Batched verdicts carry no
+logprob score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from tenacity import AsyncRetrying, Retrying
+
+from langchain_tag._text import batches, check_text
+from langchain_tag.matching import prompts
+from langchain_tag.matching._fanout import judgment_config, succeeded
+from langchain_tag.matching.parsing import parse_batch
+from langchain_tag.matching.verdicts import Verdict
+
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
+
+    from langchain_tag.matching.judge import ApplicabilityJudge
+    from langchain_tag.matching.profiles import RuleSchemaProfile
+    from langchain_tag.rules import Rule
+
+__all__ = ["ajudge_unit", "batch_messages", "judge_unit", "read_batch", "units"]
+
+
+def units(rules: Sequence[Rule], per_call: int) -> list[Sequence[Rule]]:
+    """The rules of each call of a fan-out: `per_call` rules per call, in order."""
+    return list(batches(rules, per_call))
+
+
+def batch_messages(
+    judge: ApplicabilityJudge, text: str, rules: Sequence[Rule]
+) -> list[BaseMessage]:
+    """The messages that judge several `rules` against `text` in one call."""
+    profile = judge.profile
+    fields = [
+        [
+            *([] if "rule_id" in profile.rule_fields else [("rule_id", r.rule_id)]),
+            *judge.judged_fields(r),
+        ]
+        for r in rules
+    ]
+    return [
+        SystemMessage(profile.batch_system_prompt),
+        HumanMessage(
+            prompts.render_judge_batch_message(
+                text, fields, str(profile.batch_output_instruction)
+            )
+        ),
+    ]
+
+
+def read_batch(
+    profile: RuleSchemaProfile, rules: Sequence[Rule], output: Any
+) -> dict[str, Verdict]:
+    """The verdicts an answer on several rules gives, by rule id; only clear ones.
+
+    A rule the answer does not name, names twice, or decides in a format that was
+    not asked for gets no verdict here (it is judged again alone).
+    """
+    schema = profile.output_schema
+    try:
+        if isinstance(output, Mapping):  # structured: {"raw", "parsed", ...}
+            parsed = output.get("parsed")
+            answer = parsed if parsed is not None else output["raw"].text
+        else:
+            answer = output.text
+        decided = parse_batch(answer, schema=schema)
+    except Exception:  # noqa: BLE001 - an unreadable answer decides nothing
+        return {}
+    verdicts = {}
+    for rule in rules:
+        decisions = decided.get(rule.rule_id, [])
+        if len(decisions) == 1:
+            verdicts[rule.rule_id] = Verdict(
+                rule_id=rule.rule_id,
+                applies=decisions[0].applies,
+                reason=decisions[0].reason,
+            )
+    return verdicts
+
+
+def _given_up(
+    judge: ApplicabilityJudge,
+    asked: Sequence[Rule],
+    error: Exception,
+    retrying: Retrying | AsyncRetrying,
+) -> dict[str, Verdict]:
+    # Under on_error="raise" the first rule's failure is raised.
+    return {r.rule_id: judge._given_up(r, error, retrying) for r in asked}  # noqa: SLF001
+
+
+def judge_unit(
+    judge: ApplicabilityJudge, text: str, unit: Sequence[Rule], config: RunnableConfig
+) -> list[Verdict]:
+    """Judge `unit` against `text` in one call (cache hits and leftovers aside)."""
+    check_text(text, "The judged input")
+    known = judge._recall(text, unit)  # noqa: SLF001
+    asked = [rule for rule in unit if rule.rule_id not in known]
+    if len(asked) > 1:
+        retrying = judge._retrying(Retrying)  # noqa: SLF001
+        try:
+            output = retrying(
+                judge._invoke,  # noqa: SLF001
+                batch_messages(judge, text, asked),
+                judgment_config(config, *asked),
+                batch=True,
+            )
+        except Exception as error:  # noqa: BLE001 - every failure is reported
+            answered = _given_up(judge, asked, error, retrying)
+        else:
+            answered = _read(judge, asked, output)
+            judge._remember(text, *_pairs(asked, answered))  # noqa: SLF001
+        for rule, verdict in zip(*_pairs(asked, answered), strict=True):
+            known[rule.rule_id] = judge._logged(text, rule, verdict)  # noqa: SLF001
+    # A rule the answer left out, repeated or garbled is judged again alone.
+    return [
+        known.get(rule.rule_id)
+        or judge.judge_pair((text, rule), judgment_config(config, rule))
+        for rule in unit
+    ]
+
+
+async def ajudge_unit(
+    judge: ApplicabilityJudge, text: str, unit: Sequence[Rule], config: RunnableConfig
+) -> list[Verdict]:
+    """Async `judge_unit`."""
+    check_text(text, "The judged input")
+    known = await judge._arecall(text, unit)  # noqa: SLF001
+    asked = [rule for rule in unit if rule.rule_id not in known]
+    if len(asked) > 1:
+        retrying = judge._retrying(AsyncRetrying)  # noqa: SLF001
+        try:
+            output: Any = await retrying(
+                judge._ainvoke,  # noqa: SLF001
+                batch_messages(judge, text, asked),
+                judgment_config(config, *asked),
+                batch=True,
+            )
+        except Exception as error:  # noqa: BLE001 - every failure is reported
+            answered = _given_up(judge, asked, error, retrying)
+        else:
+            answered = _read(judge, asked, output)
+            await judge._aremember(text, *_pairs(asked, answered))  # noqa: SLF001
+        for rule, verdict in zip(*_pairs(asked, answered), strict=True):
+            known[rule.rule_id] = await judge._alogged(text, rule, verdict)  # noqa: SLF001
+    return [
+        known.get(rule.rule_id)
+        or await judge.ajudge_pair((text, rule), judgment_config(config, rule))
+        for rule in unit
+    ]
+
+
+def _read(
+    judge: ApplicabilityJudge, asked: Sequence[Rule], output: Any
+) -> dict[str, Verdict]:
+    succeeded()
+    return read_batch(judge.profile, asked, output)
+
+
+def _pairs(
+    asked: Sequence[Rule], answered: Mapping[str, Verdict]
+) -> tuple[list[Rule], list[Verdict]]:
+    rules = [rule for rule in asked if rule.rule_id in answered]
+    return rules, [answered[rule.rule_id] for rule in rules]

@@ -1,0 +1,314 @@
+"""MatchEngine: the steps every face runs, and the parity of the retriever and graph."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+
+from langchain_tag import ApplicabilityJudge, Rulebook, TAGRetriever
+from langchain_tag.engine import (
+    MatchEngine,
+    MatchOptions,
+    MatchResult,
+    check_filter,
+    rule_passes,
+)
+from langchain_tag.learning import (
+    LabelledExample,
+    LearnedPrefilter,
+    SQLiteVerdictLog,
+)
+from langchain_tag.query_graph import QueryContext, build_query_graph
+from langchain_tag.rules import Rule
+from langchain_tag.testing import RuleAwareFakeChatModel
+
+
+def tagged_rulebook(n: int = 12) -> Rulebook:
+    """Rule i applies to inputs containing `trigger-<iii>`; tagged even or odd."""
+    return Rulebook(
+        rules=[
+            Rule(
+                rule_id=f"R-{i:03d}",
+                name=f"Rule number {i}",
+                condition=f"The input contains `trigger-{i:03d}`",
+                action=f"Do thing {i}",
+                tags=["even" if i % 2 == 0 else "odd"],
+                metadata={"team": "a" if i < n // 2 else "b"},
+            )
+            for i in range(n)
+        ]
+    )
+
+
+def text_for(*numbers: int) -> str:
+    return "input with " + " ".join(f"trigger-{i:03d}" for i in numbers)
+
+
+INPUTS = [text_for(0, 2, 3), text_for(4), text_for(1, 6, 8, 10), text_for(11)]
+
+
+class ShortlistPrefilter(BaseRetriever):
+    """A similarity prefilter stand-in: the same shortlist for every query."""
+
+    rule_ids: list[str]
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return [
+            Document(page_content="", metadata={"rule_id": rule_id})
+            for rule_id in self.rule_ids
+        ]
+
+
+def comparable(result: MatchResult) -> dict[str, Any]:
+    return result.model_dump(exclude={"elapsed_seconds"})
+
+
+# --- parity: one engine, two faces ----------------------------------------------------
+
+
+def face_doubles(
+    tmp_path: Path, name: str
+) -> tuple[RuleAwareFakeChatModel, SQLiteVerdictLog]:
+    """A judge whose answers on R-003 alone cannot be read, and an empty log."""
+    model = RuleAwareFakeChatModel(faults={"R-003": ["I cannot say."] * 100})
+    return model, SQLiteVerdictLog(tmp_path / f"{name}.sqlite")
+
+
+def judged_by_retriever(
+    rulebook: Rulebook,
+    model: RuleAwareFakeChatModel,
+    log: SQLiteVerdictLog,
+    **options: Any,
+) -> list[MatchResult]:
+    prefilter = options.pop("prefilter", None)
+    judge = ApplicabilityJudge(
+        llm=model,
+        rules_per_call=options.pop("rules_per_call", 1),
+        on_error="not_applicable",
+        verdict_log=log,
+        cache=None,
+    )
+    retriever = TAGRetriever(
+        rulebook=rulebook, judge=judge, prefilter=prefilter, **options
+    )
+    return [retriever.match(text) for text in INPUTS]
+
+
+def judged_by_graph(
+    rulebook: Rulebook,
+    model: RuleAwareFakeChatModel,
+    log: SQLiteVerdictLog,
+    **options: Any,
+) -> list[MatchResult]:
+    context = QueryContext(
+        judge_model=model,
+        executor_model=RuleAwareFakeChatModel(),
+        on_error="not_applicable",
+        verdict_log=log,
+        **options,
+    )
+    graph = build_query_graph()
+    data = rulebook.model_dump(mode="json")
+    return [
+        graph.invoke({"query": text, "rulebook": data}, context=context)["result"]
+        for text in INPUTS
+    ]
+
+
+PARITY_WARNINGS = pytest.mark.filterwarnings(
+    "ignore::langchain_tag.matching.UnreliableMatchWarning",
+    "ignore:score_threshold=:UserWarning",
+)
+
+
+@PARITY_WARNINGS
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"filter": {"tags": "even"}, "k": 2},
+        {"rules_per_call": 3, "max_concurrency": 2},
+        {"prefilter": "shortlist", "score_threshold": 0.5, "filter": {"team": "a"}},
+    ],
+    ids=["plain", "filter-k", "batched", "prefilter"],
+)
+def test_retriever_and_graph_agree(tmp_path: Path, options: dict[str, Any]) -> None:
+    rulebook = tagged_rulebook()
+    results = {}
+    calls = {}
+    logs = {}
+    for face, run in (("retriever", judged_by_retriever), ("graph", judged_by_graph)):
+        chosen = dict(options)
+        if chosen.get("prefilter") == "shortlist":
+            chosen["prefilter"] = ShortlistPrefilter(
+                rule_ids=["R-000", "R-002", "R-003", "R-004", "R-010", "R-011"]
+            )
+        model, log = face_doubles(tmp_path, face)
+        results[face] = run(rulebook, model, log, **chosen)
+        calls[face] = sorted(model.prompts)
+        logs[face] = [
+            (r.rule_id, r.applies, r.error is not None)
+            for r in sorted(log.records(), key=lambda r: (r.text, r.rule_id))
+        ]
+    assert [comparable(r) for r in results["retriever"]] == [
+        comparable(r) for r in results["graph"]
+    ]
+    assert calls["retriever"] == calls["graph"]
+    assert calls["retriever"], "the fake judge was called"
+    assert logs["retriever"] == logs["graph"]
+    # The failing rule is flagged, never a silent NO.
+    failed = {rule_id for r in results["graph"] for rule_id in r.failed_rule_ids}
+    assert failed <= {"R-003"}
+
+
+def fitted_prefilter(rulebook: Rulebook) -> LearnedPrefilter:
+    """A learned prefilter trained on the fake's ground truth over many inputs."""
+    examples = [
+        LabelledExample(
+            text_for(i, (i + 5) % 12),
+            rule.rule_id,
+            rule.rule_id in {f"R-{i:03d}", f"R-{(i + 5) % 12:03d}"},
+        )
+        for i in range(12)
+        for _ in range(2)
+        for rule in rulebook.rules
+    ]
+    prefilter = LearnedPrefilter(rulebook, min_examples=2, min_df=1)
+    prefilter.fit(examples)
+    return prefilter
+
+
+@PARITY_WARNINGS
+def test_retriever_and_graph_agree_with_a_learned_prefilter(tmp_path: Path) -> None:
+    rulebook = tagged_rulebook()
+    results = {}
+    calls = {}
+    for face, run in (("retriever", judged_by_retriever), ("graph", judged_by_graph)):
+        model, log = face_doubles(tmp_path, face)
+        results[face] = run(
+            rulebook, model, log, prefilter=fitted_prefilter(rulebook), explore=0.5
+        )
+        calls[face] = sorted(model.prompts)
+    assert [comparable(r) for r in results["retriever"]] == [
+        comparable(r) for r in results["graph"]
+    ]
+    assert calls["retriever"] == calls["graph"]
+    last = results["graph"][-1]
+    assert last.recall_estimate is not None
+    assert sum(len(r.explored_rule_ids) for r in results["graph"]) > 0
+
+
+# --- steps ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("query", ["", "   \n\t "])
+def test_blank_input_costs_no_judgment(query: str) -> None:
+    model = RuleAwareFakeChatModel()
+    engine = MatchEngine(ApplicabilityJudge(llm=model))
+    result = engine.match(query, tagged_rulebook().rules)
+    assert result.documents == []
+    assert result.verdicts == []
+    assert result.candidates == 0
+    assert result.reason == "the input is empty or blank: nothing to judge"
+    assert model.calls == 0
+
+
+def test_blank_input_through_the_retriever_returns_nothing() -> None:
+    model = RuleAwareFakeChatModel()
+    retriever = TAGRetriever(rulebook=tagged_rulebook(), llm=model)
+    assert retriever.invoke("  ") == []
+    assert model.calls == 0
+
+
+def test_unknown_filter_key_is_refused_naming_the_known_ones() -> None:
+    rules = tagged_rulebook().rules
+    with pytest.raises(ValueError, match=r"'tag'.*Known keys:.*tags.*team"):
+        check_filter({"tag": "even"}, rules)
+    model = RuleAwareFakeChatModel()
+    retriever = TAGRetriever(rulebook=tagged_rulebook(), llm=model)
+    with pytest.raises(ValueError, match="Unknown filter key"):
+        retriever.invoke(text_for(0), filter={"tag": "even"})
+    assert model.calls == 0
+
+
+def test_filter_keys_may_be_fields_or_metadata() -> None:
+    rules = tagged_rulebook().rules
+    check_filter({"tags": "odd", "team": "b", "source_document_id": None}, rules)
+    check_filter(lambda rule: True, rules)
+    assert [
+        r.rule_id for r in rules if rule_passes(r, {"tags": "odd", "team": "b"})
+    ] == [
+        "R-007",
+        "R-009",
+        "R-011",
+    ]
+
+
+def test_options_are_checked_before_any_judgment() -> None:
+    with pytest.raises(ValueError, match="k must be"):
+        MatchOptions(k=-1)
+    with pytest.raises(ValueError, match="score_threshold"):
+        MatchOptions(score_threshold=2.0)
+
+
+def test_plan_then_judge_then_result_is_match() -> None:
+    rules = tagged_rulebook().rules
+    model = RuleAwareFakeChatModel()
+    engine = MatchEngine(ApplicabilityJudge(llm=model, cache=None))
+    plan = engine.plan(text_for(1, 2), rules, MatchOptions(filter={"tags": "even"}))
+    assert [r.rule_id for r in plan.candidates] == [
+        f"R-{i:03d}" for i in range(0, 12, 2)
+    ]
+    assert model.calls == 0
+    # The graph judges one call unit per task; the verdicts come back in any order.
+    verdicts = [
+        v
+        for unit in reversed(engine.call_units(plan))
+        for v in engine.judge_rules(plan, None, unit)
+    ]
+    stepped = engine.result(plan, verdicts)
+    assert [v.rule_id for v in stepped.verdicts] == [r.rule_id for r in plan.candidates]
+    assert [d.id for d in stepped.documents] == ["R-002"]
+    whole = engine.match(text_for(1, 2), rules, MatchOptions(filter={"tags": "even"}))
+    assert comparable(whole) == comparable(stepped)
+
+
+def test_retraining_never_blocks_a_retrieval(tmp_path: Path) -> None:
+    rulebook = tagged_rulebook()
+    started, release = threading.Event(), threading.Event()
+
+    class SlowToTrain(LearnedPrefilter):
+        def fit(self, examples: Any, *args: Any, **kwargs: Any) -> Any:
+            started.set()
+            assert release.wait(timeout=30)
+            return super().fit(examples, *args, **kwargs)
+
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    judge = ApplicabilityJudge(llm=RuleAwareFakeChatModel(), verdict_log=log)
+    retriever = TAGRetriever(
+        rulebook=rulebook,
+        judge=judge,
+        # The pydantic plugin types a subclass's __init__ by its fields.
+        prefilter=SlowToTrain(rulebook),  # type: ignore[call-arg]
+        retrain_every=len(rulebook),
+    )
+    retriever.invoke(text_for(1))  # logs 12 verdicts: training is due
+    assert started.wait(timeout=30)
+    # Training is under way and blocked; a retrieval still completes.
+    assert [d.id for d in retriever.invoke(text_for(2))] == ["R-002"]
+    release.set()
+    training = (
+        retriever.engine.retrainer.running if retriever.engine.retrainer else None
+    )
+    if training is not None:
+        training.result(timeout=30)
+    assert retriever.prefilter is not None
+    assert retriever.prefilter.fitted  # type: ignore[attr-defined]

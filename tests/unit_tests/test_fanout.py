@@ -1,0 +1,383 @@
+"""The fan-out of one input's judgments: first failure, limits, shadow judging."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables.config import ContextThreadPoolExecutor
+from pydantic import ConfigDict, Field
+from tenacity import AsyncRetrying
+
+from langchain_tag import ApplicabilityJudge, JudgmentError, Rule, Verdict
+from langchain_tag.matching import _fanout
+from langchain_tag.matching.limiter import ConcurrencyLimiter
+from langchain_tag.matching.prompts import read_judge_message
+from langchain_tag.models import CallRetry
+from langchain_tag.testing import RuleAwareFakeChatModel, TransientFakeError
+
+if TYPE_CHECKING:
+    from tests.unit_tests.conftest import HeldFakeChatModel
+
+NO_WAIT = CallRetry(max_attempts=5, initial_delay=0.0, max_delay=0.0, jitter=0.0)
+SLOW = 10.0
+"""Seconds an event wait may take before the test counts as hung (never reached)."""
+
+
+def make_rules(n: int) -> list[Rule]:
+    return [
+        Rule(
+            rule_id=f"R-{i:03d}",
+            name=f"Rule number {i}",
+            condition=f"The input contains `trigger-{i:03d}`",
+            action=f"Do the secret thing number {i}",
+        )
+        for i in range(n)
+    ]
+
+
+# --- the first failure is the one raised ---------------------------------------------
+
+
+@dataclass
+class Choreography:
+    """The interleaving that let a private error escape, forced.
+
+    R-001 fails for good while R-000 is between attempts, and R-000's judgment
+    (given up) ends before R-001's does.
+    """
+
+    failing_thread: threading.Thread | None = None
+    failed_for_good: threading.Event = field(default_factory=threading.Event)
+    first_unit_done: threading.Event = field(default_factory=threading.Event)
+    watched: bool = False
+
+
+class ChoreographedModel(BaseChatModel):
+    """R-000: a 429 once R-001 has failed; R-001: a permanent error; others: NO."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    choreography: Choreography
+
+    @property
+    def _llm_type(self) -> str:
+        return "choreographed"
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        parsed = read_judge_message("\n".join(str(m.content) for m in messages))
+        rule_id = parsed[1]["rule_id"] if parsed else ""
+        if rule_id == "R-001":
+            self.choreography.failing_thread = threading.current_thread()
+            msg = "boom"
+            raise ValueError(msg)
+        if rule_id == "R-000":
+            assert self.choreography.failed_for_good.wait(SLOW)
+            raise TransientFakeError  # rate limited: R-000 will try again
+        message = AIMessage('{"verdict": "NO"}')
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+class ChoreographedLimiter(ConcurrencyLimiter):
+    """Holds R-001's worker, failed, until R-000's unit has ended."""
+
+    def __init__(self, choreography: Choreography) -> None:
+        super().__init__(2)
+        self.choreography = choreography
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        with super().hold():
+            try:
+                yield
+            finally:
+                if threading.current_thread() is self.choreography.failing_thread:
+                    # The fan-out knows of the failure by now; R-000 may go on.
+                    self.choreography.failed_for_good.set()
+                    assert self.choreography.first_unit_done.wait(SLOW)
+
+
+def test_a_judgment_given_up_never_hides_the_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: R-000, stopped between attempts by R-001's failure, ended first, and
+    # the fan-out raised its private `_Abandoned` instead of R-001's JudgmentError
+    # (22 of 200 retriever runs under persistent 429s).
+    choreography = Choreography()
+    submit = ContextThreadPoolExecutor.submit
+
+    def submit_watched(
+        self: ContextThreadPoolExecutor, fn: Any, /, *args: Any, **kwargs: Any
+    ) -> Any:
+        future = submit(self, fn, *args, **kwargs)
+        if not choreography.watched:  # the first unit: R-000's
+            choreography.watched = True
+            future.add_done_callback(lambda _: choreography.first_unit_done.set())
+        return future
+
+    monkeypatch.setattr(ContextThreadPoolExecutor, "submit", submit_watched)
+    judge = ApplicabilityJudge(
+        llm=ChoreographedModel(choreography=choreography), cache=None, retry=NO_WAIT
+    )
+    with pytest.raises(JudgmentError, match="R-001") as raised:
+        judge.judge_rules(
+            "x", make_rules(2), limiter=ChoreographedLimiter(choreography)
+        )
+    assert "boom" in raised.value.error
+    assert choreography.first_unit_done.is_set()
+
+
+# --- shadow judging ----------------------------------------------------------------
+
+
+class ListSink:
+    """A verdict sink that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, dict[str, Any]]] = []
+
+    def record(self, text: str, rule: Rule, verdict: Verdict, **fields: Any) -> None:
+        self.records.append((rule.rule_id, fields))
+
+    async def arecord(
+        self, text: str, rule: Rule, verdict: Verdict, **fields: Any
+    ) -> None:
+        self.record(text, rule, verdict, **fields)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_explored_rules_are_logged_with_their_rate(mode: str) -> None:
+    sink = ListSink()
+    judge = ApplicabilityJudge(llm=RuleAwareFakeChatModel(), verdict_log=sink)
+    rules = make_rules(3)
+    explored = {"R-001": 0.25}
+    if mode == "sync":
+        judge.judge_rules("x", rules, explored=explored)
+    else:
+        await judge.ajudge_rules("x", rules, explored=explored)
+    logged = {rule_id: fields["explore"] for rule_id, fields in sink.records}
+    assert logged == {"R-000": None, "R-001": 0.25, "R-002": None}
+    # Outside a fan-out nothing is marked explored.
+    judge.invoke(("y", rules[1]))
+    assert sink.records[-1] == ("R-001", {**sink.records[-1][1], "explore": None})
+
+
+# --- the first failure stops the fan-out ---------------------------------------------
+
+
+def _rule_id(messages: list[BaseMessage]) -> str:
+    parsed = read_judge_message("\n".join(str(m.content) for m in messages))
+    return parsed[1]["rule_id"] if parsed else ""
+
+
+class HeldUntilCancelled(RuleAwareFakeChatModel):
+    """Async calls with a fault fail at once; any other is held until cancelled."""
+
+    held: list[str] = Field(default_factory=list)
+    cancelled: list[str] = Field(default_factory=list)
+
+    async def _agenerate(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> ChatResult:
+        prompt, fault = self._enter(messages)
+        try:
+            if fault is None:
+                self.held.append(_rule_id(messages))
+                try:  # never let through: only a cancellation ends the call
+                    await asyncio.wait_for(asyncio.Event().wait(), SLOW)
+                except asyncio.CancelledError:
+                    self.cancelled.append(_rule_id(messages))
+                    raise
+            return self._respond(prompt, fault)
+        finally:
+            self._leave()
+
+
+async def test_async_raise_policy_fails_fast() -> None:
+    rules = make_rules(30)
+    llm = HeldUntilCancelled(faults={"R-000": [ValueError("boom")]})
+    judge = ApplicabilityJudge(llm=llm)
+    with pytest.raises(JudgmentError, match="R-000"):
+        await judge.ajudge_rules("x", rules, limiter=ConcurrencyLimiter(2))
+    # Raised while R-001's call was still in flight (it is never let through); that
+    # call was cancelled before the raise, not left running; the rest never ran.
+    assert "R-001" in llm.held
+    assert llm.cancelled == llm.held
+    assert llm.calls < len(rules)
+
+
+def test_sync_raise_policy_propagates() -> None:
+    rules = make_rules(5)
+    llm = RuleAwareFakeChatModel(faults={"R-003": [ValueError("boom")]})
+    with pytest.raises(JudgmentError, match="R-003"):
+        ApplicabilityJudge(llm=llm).judge_rules("x", rules)
+
+
+class WatchedLimiter(ConcurrencyLimiter):
+    """A bound of two that tells when a judgment backs off and when one failed."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.backing_off = threading.Event()
+        self.failure_seen = threading.Event()
+
+    def back_off(self, delay: float, *, rate_limited: bool) -> float:
+        until = super().back_off(delay, rate_limited=rate_limited)
+        self.backing_off.set()
+        return until
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        with super().hold():
+            try:
+                yield
+            except JudgmentError:
+                # Raised out of the fan-out's worker: the fan-out has seen it.
+                self.failure_seen.set()
+                raise
+
+
+class FailsWhileBackingOff(RuleAwareFakeChatModel):
+    """R-001's call arrives only once another judgment is backing off."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    backing_off: threading.Event
+
+    def _generate(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> ChatResult:
+        if _rule_id(messages) == "R-001":
+            assert self.backing_off.wait(SLOW)
+        return super()._generate(messages, *args, **kwargs)
+
+    async def _agenerate(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> ChatResult:
+        if _rule_id(messages) == "R-001":
+            assert await asyncio.to_thread(self.backing_off.wait, SLOW)
+        return await super()._agenerate(messages, *args, **kwargs)
+
+
+def _backoff_sleeps(
+    monkeypatch: pytest.MonkeyPatch,
+    sleep: Callable[[float], None],
+    asleep: Callable[[float], Awaitable[None]],
+) -> None:
+    """The judgments' backoff pauses sleep with `sleep` (threads), `asleep` (tasks)."""
+    made = _fanout.retrying
+
+    def retrying(retry: CallRetry | None, kind: Any) -> Any:
+        return made(retry, kind).copy(sleep=asleep if kind is AsyncRetrying else sleep)
+
+    monkeypatch.setattr(_fanout, "retrying", retrying)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_raise_policy_stops_the_fan_out_at_the_first_failure(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # R-000 is still backing off when R-001 fails for good: R-000 makes no further
+    # attempt, and no queued rule is judged after the failure. Forced, not timed:
+    # R-001 fails once R-000 backs off, and R-000's pause lasts until the fan-out
+    # has seen the failure (threads) or until it is cancelled (tasks).
+    limiter = WatchedLimiter()
+    pauses: list[float] = []
+    cancelled: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        assert limiter.failure_seen.wait(SLOW)
+
+    async def asleep(seconds: float) -> None:
+        pauses.append(seconds)
+        try:
+            await asyncio.wait_for(asyncio.Event().wait(), SLOW)
+        except asyncio.CancelledError:
+            cancelled.append(seconds)
+            raise
+
+    _backoff_sleeps(monkeypatch, sleep, asleep)
+    rules = make_rules(10)
+    overloaded = TransientFakeError("overloaded", 503)  # no shared pause: R-000 alone
+    llm = FailsWhileBackingOff(
+        backing_off=limiter.backing_off,
+        faults={"R-000": [overloaded] * 3, "R-001": [ValueError("boom")]},
+    )
+    judge = ApplicabilityJudge(
+        llm=llm, cache=None, retry=CallRetry(initial_delay=0.2, jitter=0.0)
+    )
+
+    async def fan_out() -> list[Verdict]:
+        if mode == "sync":
+            return judge.judge_rules("x", rules, limiter=limiter)
+        return await judge.ajudge_rules("x", rules, limiter=limiter)
+
+    with pytest.raises(JudgmentError, match="R-001"):
+        await fan_out()
+    judged = [
+        parsed[1]["rule_id"]
+        for prompt in llm.prompts
+        if (parsed := read_judge_message(prompt)) is not None
+    ]
+    assert judged == ["R-000", "R-001"]
+    assert pauses == [0.2]  # R-000 was backing off when R-001 failed
+    assert cancelled == ([0.2] if mode == "async" else [])
+
+
+# --- concurrency --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_sync_fan_out_honours_the_limit(
+    limit: int,
+    overlapping: Callable[..., RuleAwareFakeChatModel],
+    held_llm: HeldFakeChatModel,
+) -> None:
+    # A bound above one is reached (calls wait until `limit` are in flight); a bound
+    # of one is kept while each call is held until the test has seen it alone.
+    llm = held_llm if limit == 1 else overlapping(limit)
+    judge = ApplicabilityJudge(llm=llm, cache=None)
+
+    def fan_out() -> list[Verdict]:
+        return judge.judge_rules(
+            "trigger-004", make_rules(12), limiter=ConcurrencyLimiter(limit)
+        )
+
+    verdicts = held_llm.one_at_a_time(fan_out) if limit == 1 else fan_out()
+    assert llm.peak_in_flight == limit
+    assert [v.rule_id for v in verdicts] == [f"R-{i:03d}" for i in range(12)]
+    assert [v.applies for v in verdicts].count(True) == 1
+
+
+@pytest.mark.parametrize("limit", [1, 4])
+def test_async_fan_out_honours_the_limit(
+    limit: int,
+    overlapping: Callable[..., RuleAwareFakeChatModel],
+    held_llm: HeldFakeChatModel,
+) -> None:
+    llm = held_llm if limit == 1 else overlapping(limit)
+    judge = ApplicabilityJudge(llm=llm, cache=None)
+
+    def fan_out() -> list[Verdict]:
+        return asyncio.run(
+            judge.ajudge_rules(
+                "trigger-004", make_rules(12), {"max_concurrency": limit}
+            )
+        )
+
+    verdicts = held_llm.one_at_a_time(fan_out) if limit == 1 else fan_out()
+    assert llm.peak_in_flight == limit
+    assert [v.applies for v in verdicts].count(True) == 1

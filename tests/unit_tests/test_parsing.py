@@ -1,0 +1,106 @@
+"""Reading the judge's answer (`matching/parsing.py`): decisions and logprob scores."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage
+
+from langchain_tag.matching.parsing import parse_verdict, score_from_logprobs
+
+
+def _lp(token: str, probability: float) -> dict[str, Any]:
+    return {"token": token, "logprob": math.log(probability)}
+
+
+# --- parsing the judge's answer ----------------------------------------------------
+
+
+def test_leading_no_is_not_overridden_by_quoted_code() -> None:
+    answer = "NO. The code only sets `applicable = True`; there is no wildcard import."
+    parsed = parse_verdict(answer)
+    assert parsed is not None
+    assert parsed.applies is False
+
+
+def test_negated_yes_is_not_a_yes() -> None:
+    parsed = parse_verdict("The condition is not met, so the answer is not YES.")
+    assert parsed is None or parsed.applies is False
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "Applicable? No, the input has no wildcard import.",
+        "YES/NO: NO",
+    ],
+)
+def test_echoed_question_is_not_the_decision(answer: str) -> None:
+    parsed = parse_verdict(answer)
+    assert parsed is None or parsed.applies is False
+
+
+# --- logprob scores ----------------------------------------------------------------
+
+
+def test_logprob_score_ignores_the_thinking_block() -> None:
+    message = AIMessage(
+        '<think>No, wait: the input has `wildcard`.</think>{"verdict": "YES"}',
+        response_metadata={
+            "logprobs": {
+                "content": [
+                    {"token": "<think>", "logprob": 0.0, "top_logprobs": []},
+                    {
+                        "token": "No",
+                        "logprob": math.log(0.9),
+                        "top_logprobs": [_lp("No", 0.9), _lp("Yes", 0.1)],
+                    },
+                    {"token": "</think>", "logprob": 0.0, "top_logprobs": []},
+                    {
+                        "token": "YES",
+                        "logprob": math.log(0.95),
+                        "top_logprobs": [_lp("YES", 0.95), _lp("NO", 0.05)],
+                    },
+                ]
+            }
+        },
+    )
+    parsed = parse_verdict(str(message.content))
+    assert parsed is not None
+    assert parsed.applies is True
+    assert score_from_logprobs(message) == pytest.approx(0.95)
+
+
+def _tokens_message(*tokens: tuple[str, list[dict[str, Any]]]) -> AIMessage:
+    return AIMessage(
+        "".join(token for token, _ in tokens),
+        response_metadata={
+            "logprobs": {
+                "content": [
+                    {"token": token, "logprob": 0.0, "top_logprobs": alternatives}
+                    for token, alternatives in tokens
+                ]
+            }
+        },
+    )
+
+
+def test_logprob_score_reads_a_label_split_across_tokens() -> None:
+    # SmolLM2's tokenizer writes "YES" as "Y" + "ES": the first piece decides.
+    message = _tokens_message(
+        ('{"verdict": "', []),
+        ("Y", [_lp("Y", 0.7), _lp("N", 0.3)]),
+        ("ES", []),
+        ('"}', []),
+    )
+    assert score_from_logprobs(message) == pytest.approx(0.7)
+
+
+def test_logprob_score_needs_a_whole_label_word() -> None:
+    # "NO" + "T" is "NOT", and "T" + "he" is "The": neither is a verdict.
+    message = _tokens_message(
+        ("NO", [_lp("NO", 0.9)]), ("T", []), (" the", []), (" T", []), ("he", [])
+    )
+    assert score_from_logprobs(message) is None

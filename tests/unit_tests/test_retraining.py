@@ -1,0 +1,176 @@
+"""Retraining: `RetrainPolicy`, and `Retrainer` training in the background."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from langchain_tag import Rule, Rulebook, Verdict
+from langchain_tag.learning.learned_prefilter import FitReport, LearnedPrefilter
+from langchain_tag.learning.retraining import Retrainer, RetrainPolicy
+from langchain_tag.learning.verdict_log import SQLiteVerdictLog
+from langchain_tag.testing import trigger_rulebook
+
+RULES = trigger_rulebook(4)
+FILLER = ("alpha", "beta", "gamma", "delta", "epsilon")
+
+
+def fill(log: SQLiteVerdictLog, inputs: int, *, start: int = 0) -> None:
+    """The fake judge's verdicts on every rule for `inputs` inputs."""
+    for i in range(start, start + inputs):
+        text = f"{FILLER[i % 5]} {FILLER[(i * 3) % 5]} trigger-{i % 3:03d} n{i}"
+        for rule in RULES.rules:
+            applies = f"trigger-{rule.rule_id[2:]}" in text
+            log.record(text, rule, Verdict(rule_id=rule.rule_id, applies=applies))
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Iterator[SQLiteVerdictLog]:
+    log = SQLiteVerdictLog(tmp_path / "verdicts.sqlite")
+    yield log
+    log.close()
+
+
+class Gate:
+    """Holds `LearnedPrefilter.fit` until released; counts its calls."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, error: bool = False) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+        real_fit = LearnedPrefilter.fit
+
+        def fit(prefilter: LearnedPrefilter, *args: Any, **kwargs: Any) -> FitReport:
+            self.calls += 1
+            self.entered.set()
+            assert self.release.wait(timeout=30)
+            if error:
+                msg = "disk on fire"
+                raise OSError(msg)
+            return real_fit(prefilter, *args, **kwargs)
+
+        monkeypatch.setattr(LearnedPrefilter, "fit", fit)
+
+
+def running(retrainer: Retrainer) -> Future[FitReport] | None:
+    """The training under way (a call: mypy does not narrow it between asserts)."""
+    return retrainer.running
+
+
+def test_retrain_policy_counts_new_verdicts() -> None:
+    policy = RetrainPolicy(every=20)
+    assert not policy.due(19)
+    assert policy.due(20)
+    assert not policy.due(39, trained_at=20)
+    assert policy.due(40, trained_at=20)
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        RetrainPolicy(every=0)
+
+
+def test_nothing_starts_before_the_mark(log: SQLiteVerdictLog) -> None:
+    prefilter = LearnedPrefilter(RULES)
+    retrainer = Retrainer(prefilter, log, RULES, every=40)
+    fill(log, 9)  # 36 verdicts
+    assert retrainer.poll() is None
+    assert retrainer.running is None
+    assert not prefilter.fitted
+
+
+def test_training_runs_in_the_background_and_never_blocks_the_caller(
+    log: SQLiteVerdictLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = Gate(monkeypatch)
+    prefilter = LearnedPrefilter(RULES, min_examples=5)
+    retrainer = Retrainer(prefilter, log, RULES, every=40)
+    fill(log, 10)  # 40 verdicts: due
+    future = retrainer.poll()  # returns while the training is held
+    assert future is not None
+    assert gate.entered.wait(timeout=30)
+    assert running(retrainer) is future
+    assert not future.done()
+    assert not prefilter.fitted  # still serving the old (no) model
+    assert prefilter.select("trigger-001") == [r.rule_id for r in RULES.rules]
+    fill(log, 20, start=10)  # due again, but one training at a time
+    assert retrainer.poll() is None
+    gate.release.set()
+    report = future.result(timeout=60)
+    assert prefilter.report is report
+    assert retrainer.running is None
+    assert retrainer.trained_at == 40
+    assert gate.calls == 1
+    # 120 verdicts now, 80 since the last mark: the next training starts.
+    second = retrainer.poll()
+    assert second is not None
+    second.result(timeout=60)
+    assert retrainer.trained_at == 120
+
+
+def test_a_failing_training_warns_and_is_retried_at_the_next_mark(
+    log: SQLiteVerdictLog,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = Gate(monkeypatch, error=True)
+    gate.release.set()
+    prefilter = LearnedPrefilter(RULES)
+    retrainer = Retrainer(prefilter, log, RULES, every=40)
+    fill(log, 10)
+    with caplog.at_level(logging.WARNING):
+        future = retrainer.poll()
+        assert future is not None
+        error = future.exception(timeout=60)
+    assert isinstance(error, OSError)
+    assert not prefilter.fitted
+    assert retrainer.running is None
+    messages = [r.message for r in caplog.records if "Retraining" in r.message]
+    assert len(messages) == 1
+    assert "disk on fire" in messages[0]
+    assert retrainer.poll() is None  # not at once: at the next mark
+    fill(log, 10, start=10)
+    retried = retrainer.poll()
+    assert retried is not None
+    assert isinstance(retried.exception(timeout=60), OSError)
+    assert gate.calls == 2
+
+
+def test_an_unreadable_log_is_asked_again_later(
+    log: SQLiteVerdictLog,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    retrainer = Retrainer(LearnedPrefilter(RULES), log, RULES, every=4)
+    fill(log, 2)
+
+    def broken() -> int:
+        msg = "database is locked"
+        raise OSError(msg)
+
+    monkeypatch.setattr(log, "position", broken)
+    with caplog.at_level(logging.WARNING):
+        assert retrainer.poll() is None
+    assert "database is locked" in caplog.text
+    monkeypatch.undo()
+    future = retrainer.poll()
+    assert future is not None
+    future.result(timeout=60)
+
+
+def test_it_trains_over_the_callers_rulebook(log: SQLiteVerdictLog) -> None:
+    """A prefilter built over an older rulebook learns the rules added since."""
+    new = Rule(rule_id="R-NEW", name="New", condition="`brand-new`", action="Act")
+    current = Rulebook(rules=[*RULES.rules, new])
+    prefilter = LearnedPrefilter(RULES)
+    retrainer = Retrainer(prefilter, log, current, every=20)
+    fill(log, 5)
+    future = retrainer.poll()
+    assert future is not None
+    report = future.result(timeout=60)
+    assert "R-NEW" in report.rules
+    assert prefilter.rulebook is current
+    assert "R-NEW" in prefilter.known_rules
