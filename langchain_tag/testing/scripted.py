@@ -240,6 +240,16 @@ class ScriptedFakeChatModel(BaseChatModel):
         with self._lock:
             self._in_flight -= 1
 
+    def _during_call(self) -> None:
+        """What a call does while in flight: wait `latency` (a test may gate it)."""
+        if self.latency:
+            time.sleep(self.latency)
+
+    async def _aduring_call(self) -> None:
+        """Async `_during_call`: the loop is not blocked."""
+        if self.latency:
+            await asyncio.sleep(self.latency)
+
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -249,8 +259,7 @@ class ScriptedFakeChatModel(BaseChatModel):
     ) -> ChatResult:
         prompt, fault = self._enter(messages)
         try:
-            if self.latency:
-                time.sleep(self.latency)
+            self._during_call()
             return self._respond(prompt, fault)
         finally:
             self._leave()
@@ -264,8 +273,7 @@ class ScriptedFakeChatModel(BaseChatModel):
     ) -> ChatResult:
         prompt, fault = self._enter(messages)
         try:
-            if self.latency:
-                await asyncio.sleep(self.latency)
+            await self._aduring_call()
             return self._respond(prompt, fault)
         finally:
             self._leave()

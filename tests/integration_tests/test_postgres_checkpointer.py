@@ -238,7 +238,7 @@ async def test_review_paused_in_one_process_is_resumed_in_another(
     assert model.extractor.calls == extraction_calls  # the extraction was not redone
     assert model.judge.calls == 2 + 1  # two judgments and the executor
     assert not state.next
-    assert dropped not in ids(state.values["rules"])
+    assert dropped not in [rule.rule_id for rule in state.values["rules"]]
 
 
 @pytest.mark.parametrize(("first", "second"), HANDOVERS)

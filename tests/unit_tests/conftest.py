@@ -10,12 +10,6 @@ from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import pytest
-from langchain_core.callbacks import (
-    AsyncCallbackManagerForLLMRun,
-    CallbackManagerForLLMRun,
-)
-from langchain_core.messages import BaseMessage
-from langchain_core.outputs import ChatResult
 from pydantic import PrivateAttr
 from pytest_socket import disable_socket
 
@@ -66,36 +60,14 @@ class _OverlappingFakeChatModel(RuleAwareFakeChatModel):
                 self._overlapped.set()
             return len(self._prompts) < self.overlap
 
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        prompt, fault = self._enter(messages)
-        try:
-            if self._first():
-                assert self._overlapped.wait(HANG_GUARD), "too few calls in flight"
-            return self._respond(prompt, fault)
-        finally:
-            self._leave()
+    def _during_call(self) -> None:
+        if self._first():
+            assert self._overlapped.wait(HANG_GUARD), "too few calls in flight"
 
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        prompt, fault = self._enter(messages)
-        try:
-            if self._first():
-                overlapped = await asyncio.to_thread(self._overlapped.wait, HANG_GUARD)
-                assert overlapped, "too few calls in flight"
-            return self._respond(prompt, fault)
-        finally:
-            self._leave()
+    async def _aduring_call(self) -> None:
+        if self._first():
+            overlapped = await asyncio.to_thread(self._overlapped.wait, HANG_GUARD)
+            assert overlapped, "too few calls in flight"
 
 
 @pytest.fixture
@@ -179,38 +151,17 @@ class HeldFakeChatModel(RuleAwareFakeChatModel):
         with self._gate:
             self._gate.notify_all()
 
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        prompt, fault = self._enter(messages)
-        try:
-            self._hold(threading.Event())
-            return self._respond(prompt, fault)
-        finally:
-            self._leave()
+    def _during_call(self) -> None:
+        self._hold(threading.Event())
 
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        prompt, fault = self._enter(messages)
+    async def _aduring_call(self) -> None:
         abandoned = threading.Event()
         try:
             await asyncio.to_thread(self._hold, abandoned)
-            return self._respond(prompt, fault)
         except asyncio.CancelledError:
             abandoned.set()  # the waiting thread ends at once, taking no pass
             self._wake()
             raise
-        finally:
-            self._leave()
 
 
 @pytest.fixture

@@ -5,12 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
-from langchain_core.messages import BaseMessage
-from langchain_core.outputs import ChatResult
 from pydantic import PrivateAttr
 
 from langchain_tag import ApplicabilityJudge, Rule, Rulebook, TAGRetriever
@@ -88,21 +84,10 @@ class _HeldAsyncModel(RuleAwareFakeChatModel):
         """Return once two async calls are held in flight together."""
         await asyncio.wait_for(self._two_held.wait(), HANG_GUARD)
 
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        prompt, fault = self._enter(messages)
+    async def _aduring_call(self) -> None:
         if self.peak_in_flight == 2:
             self._two_held.set()
-        try:
-            await self._released.wait()
-            return self._respond(prompt, fault)
-        finally:
-            self._leave()
+        await self._released.wait()
 
 
 def _watch_thread_waits(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
