@@ -27,15 +27,7 @@ CODE_QUERY = "from os import *\nsquare = lambda x: x * x\nif x == None:\n    pas
 
 
 def make_rules(n: int) -> list[Rule]:
-    return [
-        Rule(
-            rule_id=f"R-{i:03d}",
-            name=f"Rule number {i}",
-            condition=f"The input contains `trigger-{i:03d}`",
-            action=f"Do the secret thing number {i}",
-        )
-        for i in range(n)
-    ]
+    return list(trigger_rulebook(n).rules)
 
 
 class ListSink:

@@ -22,7 +22,11 @@ from langchain_tag.matching import _fanout
 from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.matching.prompts import read_judge_message
 from langchain_tag.models import CallRetry
-from langchain_tag.testing import RuleAwareFakeChatModel, TransientFakeError
+from langchain_tag.testing import (
+    RuleAwareFakeChatModel,
+    TransientFakeError,
+    trigger_rulebook,
+)
 
 if TYPE_CHECKING:
     from tests.unit_tests.conftest import HeldFakeChatModel
@@ -33,15 +37,7 @@ SLOW = 10.0
 
 
 def make_rules(n: int) -> list[Rule]:
-    return [
-        Rule(
-            rule_id=f"R-{i:03d}",
-            name=f"Rule number {i}",
-            condition=f"The input contains `trigger-{i:03d}`",
-            action=f"Do the secret thing number {i}",
-        )
-        for i in range(n)
-    ]
+    return list(trigger_rulebook(n).rules)
 
 
 # --- the first failure is the one raised ---------------------------------------------
