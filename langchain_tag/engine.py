@@ -18,6 +18,7 @@ each stage's verdicts); the engine reads it back only to retrain.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import warnings
@@ -35,6 +36,7 @@ from langchain_tag.learning.retraining import Retrainer
 from langchain_tag.learning.shadow import RecallEstimate, ShadowJudging
 from langchain_tag.matching import BaseJudge, Verdict
 from langchain_tag.matching.limiter import ConcurrencyLimiter
+from langchain_tag.matching.verdicts import warn_failures
 from langchain_tag.rules import Rule
 
 __all__ = [
@@ -359,8 +361,6 @@ class MatchEngine:
             )
         )
         self._warned_unscored = False
-        self._rules: Sequence[Rule] = ()
-        """The rules of the latest plan: what a retraining learns over."""
 
     # -- steps ------------------------------------------------------------------------
 
@@ -416,6 +416,7 @@ class MatchEngine:
             config,
             limiter=self._limiter(config),
             explored=plan.explored,
+            warn=False,  # once per retrieval, in `result`
         )
 
     async def ajudge_rules(
@@ -431,13 +432,13 @@ class MatchEngine:
             config,
             limiter=self._limiter(config),
             explored=plan.explored,
+            warn=False,  # once per retrieval, in `result`
         )
 
     def result(self, plan: MatchPlan, verdicts: Sequence[Verdict]) -> MatchResult:
         """Select (k, threshold), explain an empty result, count shadow judgments.
 
-        Also starts a retraining in the background when one is due; never waits
-        for it.
+        The faces call `retrain_if_due` after it (`match` and `amatch` do).
         """
         order = [rule.rule_id for rule in plan.candidates]
         by_rule = {v.rule_id: v for v in verdicts}
@@ -447,6 +448,7 @@ class MatchEngine:
             verdicts, order, k=plan.k, threshold=plan.score_threshold
         )
         failed = [v.rule_id for v in verdicts if v.failed]
+        warn_failures(verdicts, len(verdicts))
         reason = None if kept else _empty_reason(plan, verdicts, failed)
         if reason is not None:
             logger.info(
@@ -458,8 +460,6 @@ class MatchEngine:
             if self.shadow is None
             else self.shadow.observe(verdicts, plan.explored)
         )
-        if self.retrainer is not None:
-            self.retrainer.poll(self._rules)
         return MatchResult(
             query=plan.query,
             documents=[_to_document(rules[v.rule_id], v) for v in kept],
@@ -483,7 +483,9 @@ class MatchEngine:
     ) -> MatchResult:
         """Every step: plan, judge, result."""
         plan = self.plan(query, rules, options, config)
-        return self.result(plan, self.judge_rules(plan, config))
+        result = self.result(plan, self.judge_rules(plan, config))
+        self.retrain_if_due(rules)
+        return result
 
     async def amatch(
         self,
@@ -494,7 +496,19 @@ class MatchEngine:
     ) -> MatchResult:
         """Async `match`."""
         plan = await self.aplan(query, rules, options, config)
-        return self.result(plan, await self.ajudge_rules(plan, config))
+        result = self.result(plan, await self.ajudge_rules(plan, config))
+        if self.retrainer is not None:  # reads the log: off the event loop
+            await asyncio.to_thread(self.retrain_if_due, rules)
+        return result
+
+    def retrain_if_due(self, rules: Sequence[Rule]) -> None:
+        """Start a retraining over `rules` in the background, if one is due.
+
+        Never waits for the training (`Retrainer.poll`); only reads the verdict
+        log's position.
+        """
+        if self.retrainer is not None:
+            self.retrainer.poll(rules)
 
     # -- the parts --------------------------------------------------------------------
 
@@ -503,7 +517,6 @@ class MatchEngine:
     ) -> tuple[MatchPlan, list[Rule]]:
         options = options or MatchOptions()
         text = check_text(query, "The query")
-        self._rules = rules
         check_filter(options.filter, rules)
         blank = not text.strip()
         passed = [] if blank else [r for r in rules if rule_passes(r, options.filter)]

@@ -160,9 +160,20 @@ class QueryContext:
         if not 0.0 <= self.explore <= 1.0:
             msg = f"explore must be in [0, 1], got {self.explore!r}."
             raise ValueError(msg)
-        # Not fields: no schema, no comparison; kept with this (frozen) context.
-        object.__setattr__(self, "_engines", {})
-        object.__setattr__(self, "_lock", threading.Lock())
+        self.__setstate__({})
+
+    # Not fields (no schema, no comparison), and not copied: a copy or an unpickled
+    # context starts with engines of its own.
+    def __getstate__(self) -> dict[str, Any]:
+        """The fields, without the engines and their lock."""
+        return {
+            k: v for k, v in self.__dict__.items() if k not in {"_engines", "_lock"}
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore the fields; no engine yet."""
+        for name, value in {**state, "_engines": {}, "_lock": threading.Lock()}.items():
+            object.__setattr__(self, name, value)
 
     def options(self) -> MatchOptions:
         """The per-retrieval options: `k`, `score_threshold`, `filter` (checked)."""
@@ -275,8 +286,12 @@ def checkpoint_serializer() -> JsonPlusSerializer:
     return JsonPlusSerializer(allowed_msgpack_modules=STATE_TYPES)
 
 
-def _context() -> QueryContext:
-    return _coerce(get_runtime(QueryContext).context, QueryContext)
+def _context(default: QueryContext | None = None) -> QueryContext:
+    """The run's context; with none given, the graph's `default` (one engine)."""
+    given: object = get_runtime(QueryContext).context
+    if given is None and default is not None:
+        return default
+    return _coerce(given, QueryContext)
 
 
 def _rules(state: QueryState) -> list[Rule]:
@@ -475,19 +490,21 @@ def apply_review(rules: list[dict[str, Any]], decision: object) -> list[dict[str
     return rules
 
 
-def plan(state: QueryState, config: RunnableConfig, retry: CallRetry) -> dict[str, Any]:
+def plan(
+    state: QueryState, config: RunnableConfig, retry: CallRetry, default: QueryContext
+) -> dict[str, Any]:
     """Filter and prefilter the rules (`MatchEngine.plan`): what will be judged."""
-    context = _context()
+    context = _context(default)
     engine = context.engine(retry)
     rules = _rules(state)
     return {"plan": engine.plan(state["query"], rules, context.options(), config)}
 
 
 async def aplan(
-    state: QueryState, config: RunnableConfig, retry: CallRetry
+    state: QueryState, config: RunnableConfig, retry: CallRetry, default: QueryContext
 ) -> dict[str, Any]:
     """Async `plan`: the prefilter runs on the event loop."""
-    context = _context()
+    context = _context(default)
     engine = context.engine(retry)
     rules = _rules(state)
     options = context.options()
@@ -507,12 +524,14 @@ def _request(request: MatchRequest) -> tuple[MatchPlan, list[Rule]]:
     return MatchPlan.model_validate(request["plan"]), rules
 
 
-def to_matches(state: QueryState, retry: CallRetry) -> list[Send] | str:
+def to_matches(
+    state: QueryState, retry: CallRetry, default: QueryContext
+) -> list[Send] | str:
     """One `match_rule` task per model call of the plan."""
     planned = _plan(state)
     if not planned.candidates:
         return "execute"
-    engine = _context().engine(retry)
+    engine = _context(default).engine(retry)
     # The plan goes without its candidates: each task carries its own rules.
     shared = planned.model_copy(update={"candidates": []})
     return [
@@ -531,7 +550,10 @@ def to_matches(state: QueryState, retry: CallRetry) -> list[Send] | str:
 
 
 def match_rule(
-    request: MatchRequest, config: RunnableConfig, retry: CallRetry
+    request: MatchRequest,
+    config: RunnableConfig,
+    retry: CallRetry,
+    default: QueryContext,
 ) -> dict[str, Any]:
     """Judge one call's rules against the query (the judge never sees an action).
 
@@ -539,30 +561,35 @@ def match_rule(
     silent NO) unless `on_error="not_applicable"`; a checkpointed run resumes from
     there.
     """
-    engine = _context().engine(retry)
+    engine = _context(default).engine(retry)
     planned, rules = _request(request)
     verdicts = engine.judge_rules(planned, config, rules)
     return {"verdicts": verdicts}
 
 
 async def amatch_rule(
-    request: MatchRequest, config: RunnableConfig, retry: CallRetry
+    request: MatchRequest,
+    config: RunnableConfig,
+    retry: CallRetry,
+    default: QueryContext,
 ) -> dict[str, Any]:
     """Async `match_rule`."""
-    engine = _context().engine(retry)
+    engine = _context(default).engine(retry)
     planned, rules = _request(request)
     verdicts = await engine.ajudge_rules(planned, config, rules)
     return {"verdicts": verdicts}
 
 
 def execute(
-    state: QueryState, config: RunnableConfig, retry: CallRetry
+    state: QueryState, config: RunnableConfig, retry: CallRetry, default: QueryContext
 ) -> dict[str, Any]:
     """Select (`MatchEngine.result`), then answer with only the matched actions."""
-    context = _context()
+    context = _context(default)
     planned = _plan(state)
     verdicts = [Verdict.model_validate(v) for v in state.get("verdicts", [])]
-    result = context.engine(retry).result(planned, verdicts)
+    engine = context.engine(retry)
+    result = engine.result(planned, verdicts)
+    engine.retrain_if_due(_rules(state))
     dispatch_custom_event(MATCH_EVENT, result.summary(), config=config)
     by_id = {rule.rule_id: rule for rule in planned.candidates}
     chosen = [by_id[str(doc.id)] for doc in result.documents]
@@ -617,11 +644,11 @@ def _judgment_key(request: object) -> str:
 
 
 def _node(
-    function: Any, afunction: Any, name: str, retry: CallRetry
+    function: Any, afunction: Any, name: str, **bound: Any
 ) -> RunnableLambda[Any, Any]:
     return RunnableLambda(
-        functools.partial(function, retry=retry),
-        afunc=None if afunction is None else functools.partial(afunction, retry=retry),
+        functools.partial(function, **bound),
+        afunc=None if afunction is None else functools.partial(afunction, **bound),
         name=name,
     )
 
@@ -657,15 +684,17 @@ def build_query_graph(
         retry_policy=node_retry,
     )
     builder.add_node("review", review)
-    builder.add_node("plan", _node(plan, aplan, "plan", retry))
+    # A run given no context shares this one, and so one engine (its bound).
+    bound: dict[str, Any] = {"retry": retry, "default": QueryContext()}
+    builder.add_node("plan", _node(plan, aplan, "plan", **bound))
     builder.add_node(
         "match_rule",
-        _node(match_rule, amatch_rule, "match_rule", retry),
+        _node(match_rule, amatch_rule, "match_rule", **bound),
         cache_policy=CachePolicy(key_func=_judgment_key),
         input_schema=MatchRequest,
     )
     builder.add_node(
-        "execute", _node(execute, None, "execute", retry), retry_policy=node_retry
+        "execute", _node(execute, None, "execute", **bound), retry_policy=node_retry
     )
     builder.add_edge(START, "load_rulebook")
     builder.add_conditional_edges("load_rulebook", after_load, ["extract", "plan"])
@@ -673,7 +702,7 @@ def build_query_graph(
     builder.add_edge("review", "plan")
     builder.add_conditional_edges(
         "plan",
-        functools.partial(to_matches, retry=retry),
+        functools.partial(to_matches, **bound),
         ["match_rule", "execute"],
     )
     builder.add_edge("match_rule", "execute")

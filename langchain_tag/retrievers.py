@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig, ensure_config
 from pydantic import Field, PrivateAttr, model_validator
 
+from langchain_tag._text import check_text
 from langchain_tag.engine import (
     MATCH_EVENT,
     MatchEngine,
@@ -105,8 +107,9 @@ class TAGRetriever(BaseRetriever):
     prefilter: BaseRetriever | None = None
     """Shortlists candidate rules before judging; its documents name rules by
     `metadata["rule_id"]` or `id`. None judges every rule, as in the paper. A
-    prefilter with `partition(text)` (`LearnedPrefilter`) also says which rules it
-    skipped, for shadow judging; rules it does not know are always judged."""
+    prefilter with `partition(text, candidates)` returning (judged ids, skipped
+    ids), as `LearnedPrefilter` has, also says which rules it skipped, for shadow
+    judging; rules it does not know are always judged."""
     explore: float = Field(default=0.05, ge=0.0, le=1.0)
     """With a prefilter that says what it skipped: the share of skipped (input,
     rule) pairs judged anyway, in the same concurrency budget. Labels keep coming
@@ -117,7 +120,9 @@ class TAGRetriever(BaseRetriever):
     prefilter again from the log once this many new verdicts are logged, in a
     background thread (no retrieval waits for it)."""
 
-    _engine: MatchEngine = PrivateAttr()
+    _engine: MatchEngine | None = PrivateAttr(default=None)
+    _engine_of: tuple[Any, ...] = PrivateAttr(default=())
+    _engine_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     @model_validator(mode="before")
     @classmethod
@@ -128,18 +133,35 @@ class TAGRetriever(BaseRetriever):
         return data
 
     def model_post_init(self, context: Any, /) -> None:  # noqa: D102
-        self._engine = MatchEngine(
-            self.judge,
-            prefilter=self.prefilter,
-            explore=self.explore,
-            retrain_every=self.retrain_every,
-            max_concurrency=self.max_concurrency,
-        )
+        _ = self.engine  # a bad combination of options fails here, not at use
 
     @property
     def engine(self) -> MatchEngine:
-        """The matching engine this retriever runs (the query graph runs the same)."""
-        return self._engine
+        """The matching engine this retriever runs (the query graph runs the same).
+
+        Built from `judge`, `prefilter`, `explore`, `retrain_every` and
+        `max_concurrency`, and built again when one of them is set anew (on this
+        retriever or on a `model_copy`): the engine keeps the concurrency bound,
+        the shadow-judging counts and the retrainer across retrievals.
+        """
+        settings = (
+            id(self.judge),
+            id(self.prefilter),
+            self.explore,
+            self.retrain_every,
+            self.max_concurrency,
+        )
+        with self._engine_lock:
+            if self._engine is None or settings != self._engine_of:
+                self._engine = MatchEngine(
+                    self.judge,
+                    prefilter=self.prefilter,
+                    explore=self.explore,
+                    retrain_every=self.retrain_every,
+                    max_concurrency=self.max_concurrency,
+                )
+                self._engine_of = settings
+            return self._engine
 
     @classmethod
     def from_rulebook(
@@ -358,7 +380,8 @@ class TAGRetriever(BaseRetriever):
     def _checked(
         self, query: object, kwargs: dict[str, Any]
     ) -> tuple[MatchOptions, Any]:
-        """Per-call options and the run id, refused before any run or judgment."""
+        """Query, options and run id, refused before any run or judgment."""
+        check_text(query, "The query")
         run_id = kwargs.pop("run_id", None)
         self.rulebook.check()
         return self.options(**kwargs), run_id
@@ -388,7 +411,7 @@ class TAGRetriever(BaseRetriever):
         config: RunnableConfig | None = None,
     ) -> MatchResult:
         child = _child_config(run_manager, config)
-        result = self._engine.match(query, self.rulebook.rules, options, child)
+        result = self.engine.match(query, self.rulebook.rules, options, child)
         dispatch_custom_event(MATCH_EVENT, result.summary(), config=child)
         return result
 
@@ -400,7 +423,7 @@ class TAGRetriever(BaseRetriever):
         config: RunnableConfig | None = None,
     ) -> MatchResult:
         child = _child_config(run_manager, config)
-        result = await self._engine.amatch(query, self.rulebook.rules, options, child)
+        result = await self.engine.amatch(query, self.rulebook.rules, options, child)
         await adispatch_custom_event(MATCH_EVENT, result.summary(), config=child)
         return result
 

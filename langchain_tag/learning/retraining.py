@@ -123,11 +123,9 @@ class Retrainer:
             future: concurrent.futures.Future[FitReport] = concurrent.futures.Future()
             future.set_running_or_notify_cancel()
             self._running = future
-            if rules is not None and list(rules) != list(self.rulebook.rules):
-                self.rulebook = Rulebook(rules=list(rules))
         thread = threading.Thread(
             target=self._train,
-            args=(future, position),
+            args=(future, position, None if rules is None else list(rules)),
             name="langchain-tag-retrainer",
             daemon=True,
         )
@@ -135,9 +133,14 @@ class Retrainer:
         return future
 
     def _train(
-        self, future: concurrent.futures.Future[FitReport], position: int
+        self,
+        future: concurrent.futures.Future[FitReport],
+        position: int,
+        rules: list[Rule] | None,
     ) -> None:
-        try:
+        try:  # the rulebook too: rules edited into a graph's state may not form one
+            if rules is not None and rules != list(self.rulebook.rules):
+                self.rulebook = Rulebook(rules=rules)
             report = self.prefilter.fit(
                 self.log.examples(self.rulebook), rulebook=self.rulebook
             )

@@ -201,7 +201,7 @@ class ShadowJudging:
             The estimate over every retrieval observed since the prefilter was
             first trained; None while it is not trained, or without exploring.
         """
-        if not self.explore or not self.prefilter.fitted:
+        if not self.explore or not getattr(self.prefilter, "fitted", False):
             return None
         shadow = set(explored)
         shadow_yes = sum(v.applies for v in verdicts if v.rule_id in shadow)

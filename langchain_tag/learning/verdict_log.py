@@ -37,11 +37,19 @@ append, so a log may exceed `max_rows` by that much per writer until the next pr
 `prune()` applies it at once. Inputs no verdict points at any more are deleted with
 it.
 
-**A side channel**: the judge's retrieval never fails because its log does. A write
-that fails (a locked database, a lost connection, ...) warns once
+**A side channel**: the judge's retrieval never fails, nor waits, because its log
+does. A write that fails (a locked database, a lost connection, ...) warns once
 (`VerdictLogWarning`, naming the log and the error), and its records wait in memory
 (`pending`); they are written first, in order, at the next successful write or at
-`flush()`. Nothing paid for is lost while the process lives.
+`flush()`. While the log fails, a write only queues its records: one writer at a
+time retries, waiting on the store at most once per retry interval (`retry_after`,
+doubling up to `max_retry_after`), and SQLite in between without waiting (so a
+released lock is noticed at the next write). Nothing paid for is lost while the
+process lives, with two exceptions, each warned of and counted in `dropped`: past
+`max_pending` records in memory the oldest are dropped, and a record that can never
+be written (one the store rejects while it takes the others, such as a text with a
+NUL character in PostgreSQL, or one that cannot be hashed) is dropped instead of
+blocking the records after it.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import MappingProxyType
@@ -96,6 +104,29 @@ DEFAULT_TRAINING_SOURCES = ("judge", "cascade-cheap", "cascade-strong")
 judge sees the action and answers another question: not trained on by default."""
 
 _PAGE = 1000
+
+# DB-API errors of the store itself (a lock, a lost connection, a full disk), not of
+# the record written: the records are kept, not tried one by one.
+_STORE_ERRORS = frozenset({"OperationalError", "InterfaceError"})
+
+
+def _error_of(
+    insert: Callable[[Sequence[VerdictRecord]], None],
+    records: Sequence[VerdictRecord],
+) -> Exception | None:
+    """The error of `insert(records)`, None when it passes."""
+    try:
+        insert(records)
+    except Exception as error:  # noqa: BLE001 - the caller tells what it means
+        return error
+    return None
+
+
+def _store_failing(error: BaseException) -> bool:
+    """Whether `error` is the store failing, whichever record is written."""
+    return isinstance(error, (OSError, MemoryError)) or any(
+        kind.__name__ in _STORE_ERRORS for kind in type(error).__mro__
+    )
 
 
 class VerdictRecord(BaseModel):
@@ -210,7 +241,17 @@ class VerdictLog(abc.ABC):
         hashing: How inputs are hashed when no text is kept; the learner trained
             on this log must use the same.
         retention: How much to keep.
+        max_pending: At most this many records wait in memory while the store
+            fails; past it the oldest are dropped (counted in `dropped`).
+        retry_after: Seconds after a failed write before a write waits on the
+            store again (doubling at each failure up to `max_retry_after`, reset
+            at the next success); meanwhile writes only queue their records.
+        max_retry_after: The longest interval between such retries.
+        clock: Seconds on a monotonic clock, for the retry interval.
     """
+
+    # Whether `_insert_at_once` can try a write without waiting on the store.
+    _writes_at_once = False
 
     def __init__(
         self,
@@ -218,18 +259,42 @@ class VerdictLog(abc.ABC):
         store_text: bool = True,
         hashing: FeatureHashing | None = None,
         retention: Retention | None = None,
+        max_pending: int = 100_000,
+        retry_after: float = 1.0,
+        max_retry_after: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """Set the storage policy."""
+        if max_pending < 1:
+            msg = f"max_pending must be at least 1, got {max_pending}"
+            raise ValueError(msg)
+        if not 0 <= retry_after <= max_retry_after:
+            msg = (
+                "retry_after and max_retry_after must satisfy 0 <= retry_after <= "
+                f"max_retry_after, got {retry_after} and {max_retry_after}"
+            )
+            raise ValueError(msg)
         self.store_text = store_text
         self.hashing = hashing or FeatureHashing()
         self.retention = retention or Retention()
+        self.max_pending = max_pending
+        self.retry_after = retry_after
+        self.max_retry_after = max_retry_after
+        self._clock = clock
         self._appended = 0
+        # Guards the fields below (never held during I/O).
         self._lock = threading.Lock()
         self._last_hashed: tuple[str, HashedFeatures] | None = None
+        # Records not written yet, oldest first, as appended (prepared at write).
         self._pending: list[VerdictRecord] = []
+        self._dropped = 0
+        self._failing = False
+        self._interval = retry_after
+        self._retry_at = 0.0
+        self._overflow_warned = False
+        self._dropped_at_failure = 0
         # Held while the pending records are written, so they go first, in order.
         self._write_lock = threading.Lock()
-        self._failing = False
 
     # -- writing ----------------------------------------------------------------------
 
@@ -247,39 +312,53 @@ class VerdictLog(abc.ABC):
         """Append records in one transaction; returns how many it accepted.
 
         Under `store_text=False` a record's text is replaced by its hashed features
-        before anything is written. A write that fails does not raise: it warns
-        once (`VerdictLogWarning`) and the records wait in memory (`pending`) until
-        the next write that succeeds, which writes them first, in order.
+        before anything is written. Nothing here raises into the caller:
+
+        - A write that fails warns once (`VerdictLogWarning`) and the records wait
+          in memory (`pending`, at most `max_pending`). While the store fails, an
+          append only queues its records; one caller at a time writes the pending
+          ones first, in order: waiting on the store at most once per retry
+          interval (`retry_after`, doubling), and in between only when the store
+          can be tried without waiting (SQLite: a zero busy timeout).
+        - A record the store rejects while others are written (a PostgreSQL text
+          with a NUL character, ...) can never be written: it is dropped with a
+          warning, and so is a record that cannot be prepared (hashed).
         """
-        prepared = [self._stored_form(record) for record in records]
-        if not prepared:
+        batch = list(records)
+        if not batch:
             return 0
-        if self._failing:
-            with self._write_lock:
-                self._write([*self._take_pending(), *prepared])
-        else:
-            self._write(prepared)
-        return len(prepared)
+        with self._lock:
+            failing = self._failing
+            overflow = self._enqueue(batch, front=False) if failing else 0
+        self._warn_overflow(overflow)
+        if not failing:
+            _, error = self._write_batch(batch, wait=True)
+            if error is not None:
+                self._failed(error)
+        elif self._write_lock.acquire(blocking=False):  # else another one retries
+            try:
+                due = self._clock() >= self._retry_at
+                if due or self._writes_at_once:
+                    self._drain(wait=due)
+            finally:
+                self._write_lock.release()
+        return len(batch)
 
     def flush(self) -> int:
         """Write the records a failed write left in memory; returns how many.
+
+        Records the store rejects while others are written, or that cannot be
+        prepared, are dropped with a warning (they never could be written).
 
         Raises:
             Exception: The store's error, when the write fails again (the records
                 stay pending).
         """
         with self._write_lock:
-            batch = self._take_pending()
-            if not batch:
-                return 0
-            try:
-                self._insert(batch)
-            except BaseException:
-                with self._lock:
-                    self._pending[:0] = batch
-                raise
-            self._written(batch)
-        return len(batch)
+            written, error = self._drain(wait=True)
+        if error is not None:
+            raise error
+        return written
 
     @property
     def pending(self) -> int:
@@ -288,49 +367,233 @@ class VerdictLog(abc.ABC):
             return len(self._pending)
 
     @property
+    def dropped(self) -> int:
+        """Records given up on: past `max_pending`, rejected, or unpreparable."""
+        with self._lock:
+            return self._dropped
+
+    @property
     def location(self) -> str:
         """Where the log is, for messages (no password)."""
         return type(self).__name__
 
-    def _take_pending(self) -> list[VerdictRecord]:
-        with self._lock:
-            batch, self._pending = self._pending, []
-        return batch
+    def _enqueue(self, records: Sequence[VerdictRecord], *, front: bool) -> int:
+        """Add to the pending records (with `_lock` held), the oldest first.
 
-    def _write(self, batch: list[VerdictRecord]) -> None:
-        """Insert `batch`; on failure keep it pending (first) and warn once."""
-        try:
-            self._insert(batch)
-        except Exception as error:  # noqa: BLE001 - a side channel never fails a caller
-            with self._lock:
-                self._pending[:0] = batch
-                first = not self._failing
-                self._failing = True
-                pending = len(self._pending)
-            if first:
-                warnings.warn(
-                    f"The verdict log {self.location} cannot be written "
-                    f"({type(error).__name__}: {error}); its records are kept in "
-                    f"memory ({pending} so far) and written at the next write that "
-                    "succeeds, or at flush().",
-                    VerdictLogWarning,
-                    stacklevel=4,
-                )
+        Past `max_pending` the oldest are dropped; returns how many to warn of (0
+        when warned of already in this failure).
+        """
+        if front:
+            self._pending[:0] = records
+        else:
+            self._pending.extend(records)
+        excess = len(self._pending) - self.max_pending
+        if excess <= 0:
+            return 0
+        del self._pending[:excess]
+        self._dropped += excess
+        if self._overflow_warned:
+            return 0
+        self._overflow_warned = True
+        return excess
+
+    def _requeue(self, records: Sequence[VerdictRecord]) -> None:
+        """Put records back before the pending ones (they are older)."""
+        with self._lock:
+            overflow = self._enqueue(records, front=True)
+        self._warn_overflow(overflow)
+
+    def _warn_overflow(self, dropped: int) -> None:
+        if dropped:
+            warnings.warn(
+                f"The verdict log {self.location} still cannot be written and keeps "
+                f"at most {self.max_pending} records in memory: the oldest "
+                f"{dropped} are lost, and so will be the oldest of the next ones "
+                "while it fails (counted in `dropped`).",
+                VerdictLogWarning,
+                stacklevel=2,
+            )
+
+    def _drop(
+        self, records: Sequence[tuple[VerdictRecord, Exception]], why: str
+    ) -> None:
+        """Give up on records that can never be written, with a warning."""
+        if not records:
             return
-        self._written(batch)
+        with self._lock:
+            self._dropped += len(records)
+        kinds = sorted({f"{type(e).__name__}: {e}" for _, e in records})
+        warnings.warn(
+            f"The verdict log {self.location} dropped {len(records)} record(s) that "
+            f"{why} ({'; '.join(kinds)[:500]}).",
+            VerdictLogWarning,
+            stacklevel=2,
+        )
+
+    def _failed(self, error: BaseException) -> None:
+        """A write outside `_drain` failed: fail, schedule a retry, warn once."""
+        with self._lock:
+            first = not self._failing
+            self._failing = True
+            if first:
+                self._interval = self.retry_after
+                self._schedule_retry()
+                self._dropped_at_failure = self._dropped
+            pending = len(self._pending)
+        if first:
+            warnings.warn(
+                f"The verdict log {self.location} cannot be written "
+                f"({type(error).__name__}: {error}); its records are kept in "
+                f"memory ({pending} so far) and written at the next write that "
+                "succeeds, or at flush().",
+                VerdictLogWarning,
+                stacklevel=4,
+            )
+
+    def _schedule_retry(self) -> None:
+        """The next wait on the store after this interval, then double it."""
+        self._retry_at = self._clock() + self._interval
+        self._interval = min(2 * self._interval, self.max_retry_after)
+
+    def _drain(self, *, wait: bool) -> tuple[int, BaseException | None]:
+        """Write the pending records, oldest first (with `_write_lock` held).
+
+        Returns how many were written, and the store's error if it failed (the
+        records left stay pending). `wait`: wait on the store (its busy timeout);
+        else try only what can be tried at once (`_insert_at_once`).
+        """
+        written = 0
+        while True:
+            with self._lock:
+                batch, self._pending = self._pending, []
+                if not batch:
+                    recovered = self._failing
+                    self._failing = False
+                    self._interval = self.retry_after
+                    self._overflow_warned = False
+                    lost = self._dropped - self._dropped_at_failure
+                    break
+            count, error = self._write_batch(batch, wait=wait)
+            written += count
+            if error is not None:
+                with self._lock:
+                    if not self._failing:
+                        self._dropped_at_failure = self._dropped
+                    self._failing = True
+                    if wait:
+                        self._schedule_retry()
+                return written, error
+        if recovered:
+            logger.info("The verdict log %s is written again.", self.location)
+            if lost:
+                logger.warning(
+                    "The verdict log %s lost %d records while it failed.",
+                    self.location,
+                    lost,
+                )
+        return written, None
+
+    def _write_batch(
+        self, batch: Sequence[VerdictRecord], *, wait: bool
+    ) -> tuple[int, BaseException | None]:
+        """Prepare and insert `batch`: how many were written, and the store's error.
+
+        When the store fails, what was not written is back in `pending`. A record
+        that cannot be prepared is dropped (see `_drop`); one that fails for want of
+        memory may pass later: the batch is kept whole.
+        """
+        ready: list[VerdictRecord] = []
+        unpreparable: list[tuple[VerdictRecord, Exception]] = []
+        for record in batch:
+            try:
+                ready.append(self._stored_form(record))
+            except MemoryError as error:  # noqa: PERF203 - one record's failure
+                self._requeue(batch)
+                return 0, error
+            except Exception as error:  # noqa: BLE001 - never into the caller
+                unpreparable.append((record, error))
+        try:
+            return self._insert_batch(ready, wait=wait)
+        finally:
+            self._drop(unpreparable, "cannot be prepared for the store")
+
+    def _insert_batch(
+        self, records: list[VerdictRecord], *, wait: bool
+    ) -> tuple[int, BaseException | None]:
+        """Insert prepared records (see `_write_batch`).
+
+        When the store fails on the batch with an error that is not the store's own
+        (`_store_failing`), the records are tried one by one, in order (`_write_each`).
+        """
+        if not records:
+            return 0, None
+        insert = self._insert if wait else self._insert_at_once
+        try:
+            insert(records)
+        except Exception as error:  # noqa: BLE001 - a side channel never fails a caller
+            if _store_failing(error):
+                self._requeue(records)
+                return 0, error
+            return self._write_each(records, error, insert)
+        except BaseException:
+            self._requeue(records)
+            raise
+        self._written(records)
+        return len(records), None
+
+    def _write_each(
+        self,
+        records: list[VerdictRecord],
+        batch_error: Exception,
+        insert: Callable[[Sequence[VerdictRecord]], None],
+    ) -> tuple[int, BaseException | None]:
+        """Insert one record at a time, after the batch failed with `batch_error`.
+
+        A record the store rejects while it works (another record was written, or
+        an empty write passes) never will be written: it is dropped. When the store
+        itself fails, that record and the next stay pending: a failing store costs
+        one more write and an empty one, not one per record.
+        """
+        written: list[VerdictRecord] = []
+        rejected: list[tuple[VerdictRecord, Exception]] = []
+        works = False  # whether the store was seen to work
+        error: Exception | None = None
+        settled = 0  # records written or rejected, from the first
+        try:
+            for record in records:
+                failure = (
+                    batch_error if len(records) == 1 else _error_of(insert, [record])
+                )
+                if failure is None:
+                    written.append(record)
+                elif _store_failing(failure) or not (
+                    works or _error_of(insert, []) is None
+                ):
+                    error = failure
+                    break
+                else:
+                    rejected.append((record, failure))
+                works = True
+                settled += 1
+        finally:
+            self._requeue(records[settled:])
+            self._written(written)
+            self._drop(rejected, "the store rejects")
+        return len(written), error
+
+    def _insert_at_once(self, records: Sequence[VerdictRecord]) -> None:
+        """`_insert` without waiting on the store (see `_writes_at_once`)."""
+        self._insert(records)
 
     def _written(self, batch: Sequence[VerdictRecord]) -> None:
-        """Bookkeeping after `batch` was written: recovery, and pruning when due."""
+        """Bookkeeping after `batch` was written: pruning when due."""
+        if not batch:
+            return
         with self._lock:
-            recovered = self._failing and not self._pending
-            if recovered:
-                self._failing = False
             self._appended += len(batch)
             due = self._appended >= self.retention.prune_every
             if due:
                 self._appended = 0
-        if recovered:
-            logger.info("The verdict log %s is written again.", self.location)
         if due:
             try:
                 self.prune()
@@ -716,8 +979,11 @@ class SQLiteVerdictLog(_SQLVerdictLog):
             the verdict cache's file, the tables differ.
         table: The verdicts table; inputs go in `<table>_inputs`.
         timeout: Seconds a writer waits for another's lock; then its records are
-            kept in memory until the next write (see `VerdictLog.append`).
-        **kwargs: `store_text`, `hashing`, `retention` (see `VerdictLog`).
+            kept in memory until the next write (see `VerdictLog.append`). While
+            the log fails, writes wait this long at most once per retry interval,
+            and in between try without waiting.
+        **kwargs: `store_text`, `hashing`, `retention`, `max_pending`,
+            `retry_after`, `max_retry_after`, `clock` (see `VerdictLog`).
     """
 
     # AUTOINCREMENT: ids are never reused, so positions only grow (RetrainPolicy).
@@ -751,6 +1017,17 @@ class SQLiteVerdictLog(_SQLVerdictLog):
         with conn:  # ends the read transaction, so WAL checkpoints can proceed
             return conn.execute(self._sql(template), parameters).fetchall()
 
+    _writes_at_once = True
+
+    def _insert_at_once(self, records: Sequence[VerdictRecord]) -> None:
+        """`_insert` with no busy timeout: "database is locked" at once if it is."""
+        conn = self._connections.get()
+        conn.execute("PRAGMA busy_timeout=0")
+        try:
+            self._insert(records)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(self._connections.timeout * 1000)}")
+
     @property
     def location(self) -> str:
         """The database file."""
@@ -768,7 +1045,8 @@ class PostgresVerdictLog(_SQLVerdictLog):
     Args:
         conninfo: A libpq connection string or `postgresql://` URI.
         table: The verdicts table; inputs go in `<table>_inputs`.
-        **kwargs: `store_text`, `hashing`, `retention` (see `VerdictLog`).
+        **kwargs: `store_text`, `hashing`, `retention`, `max_pending`,
+            `retry_after`, `max_retry_after`, `clock` (see `VerdictLog`).
     """
 
     _types: Mapping[str, str] = MappingProxyType(

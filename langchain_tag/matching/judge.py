@@ -204,6 +204,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         *,
         limiter: ConcurrencyLimiter | None = None,
         explored: Mapping[str, float] | None = None,
+        warn: bool = True,
     ) -> list[Verdict]:
         """Judge every rule against `text` in worker threads, in rule order.
 
@@ -221,6 +222,9 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
                 pace against a rate-limited API.
             explored: Rule id -> the exploration rate at which the rule was drawn
                 for shadow judging; the verdict log marks those verdicts with it.
+            warn: Emit `UnreliableMatchWarning` for failed verdicts; a caller that
+                assembles one retrieval from several fan-outs (the query graph's
+                tasks, through `MatchEngine`) warns once itself.
         """
         config = ensure_config(config)
         limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
@@ -232,7 +236,8 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
             limiter,
             explored or {},
         )
-        warn_failures(verdicts, len(rules))
+        if warn:
+            warn_failures(verdicts, len(rules))
         return verdicts
 
     async def ajudge_rules(
@@ -243,6 +248,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         *,
         limiter: ConcurrencyLimiter | None = None,
         explored: Mapping[str, float] | None = None,
+        warn: bool = True,
     ) -> list[Verdict]:
         """Judge every rule against `text` concurrently, in rule order.
 
@@ -257,7 +263,8 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
             limiter,
             explored or {},
         )
-        warn_failures(verdicts, len(rules))
+        if warn:
+            warn_failures(verdicts, len(rules))
         return verdicts
 
 

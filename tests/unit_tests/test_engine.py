@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.callbacks import (
+    BaseCallbackHandler,
+    CallbackManagerForRetrieverRun,
+)
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 
-from langchain_tag import ApplicabilityJudge, Rulebook, TAGRetriever
+from langchain_tag import ApplicabilityJudge, Rulebook, TAGRetriever, query_graph
 from langchain_tag.engine import (
     MatchEngine,
     MatchOptions,
@@ -24,6 +29,8 @@ from langchain_tag.learning import (
     LearnedPrefilter,
     SQLiteVerdictLog,
 )
+from langchain_tag.matching import UnreliableMatchWarning
+from langchain_tag.models import CallRetry
 from langchain_tag.query_graph import QueryContext, build_query_graph
 from langchain_tag.rules import Rule
 from langchain_tag.testing import RuleAwareFakeChatModel
@@ -312,3 +319,118 @@ def test_retraining_never_blocks_a_retrieval(tmp_path: Path) -> None:
         training.result(timeout=30)
     assert retriever.prefilter is not None
     assert retriever.prefilter.fitted  # type: ignore[attr-defined]
+
+
+def test_failed_judgments_warn_once_per_retrieval_in_every_face() -> None:
+    rulebook = tagged_rulebook()
+    failing = {f"R-{i:03d}": ["I cannot say."] * 10 for i in (1, 3, 5)}
+    query = text_for(0, 1)
+    retriever = TAGRetriever(
+        rulebook=rulebook,
+        judge=ApplicabilityJudge(
+            llm=RuleAwareFakeChatModel(faults=failing), on_error="not_applicable"
+        ),
+    )
+    graph = build_query_graph()
+    context = QueryContext(
+        judge_model=RuleAwareFakeChatModel(faults=failing),
+        executor_model=RuleAwareFakeChatModel(),
+        on_error="not_applicable",
+    )
+    data = rulebook.model_dump(mode="json")
+    for run in (
+        lambda: retriever.invoke(query),
+        lambda: graph.invoke({"query": query, "rulebook": data}, context=context),
+    ):
+        with pytest.warns(UnreliableMatchWarning) as caught:
+            run()
+        unreliable = [w for w in caught if w.category is UnreliableMatchWarning]
+        assert len(unreliable) == 1
+        assert "3 of 12 judgments failed" in str(unreliable[0].message)
+
+
+# --- the faces keep their engine right ----------------------------------------------
+
+
+def test_a_judge_set_anew_is_the_one_that_judges() -> None:
+    first, second = RuleAwareFakeChatModel(), RuleAwareFakeChatModel()
+    retriever = TAGRetriever(rulebook=tagged_rulebook(3), llm=first)
+    copied = retriever.model_copy(update={"judge": ApplicabilityJudge(llm=second)})
+    copied.invoke(text_for(1))
+    assert (first.calls, second.calls) == (0, 3)
+    retriever.judge = ApplicabilityJudge(llm=second, cache=None)
+    retriever.invoke(text_for(2))
+    assert (first.calls, second.calls) == (0, 6)
+    assert retriever.engine is retriever.engine  # rebuilt only on a change
+
+
+def test_a_non_string_query_opens_no_run() -> None:
+    started: list[object] = []
+
+    class Runs(BaseCallbackHandler):
+        def on_retriever_start(self, *args: Any, **kwargs: Any) -> None:
+            started.append(args)
+
+    retriever = TAGRetriever(rulebook=tagged_rulebook(3), llm=RuleAwareFakeChatModel())
+    with pytest.raises(TypeError, match="The query must be a str"):
+        retriever.invoke(42, config={"callbacks": [Runs()]})  # type: ignore[arg-type]
+    assert started == []
+
+
+async def test_async_retrieval_reads_the_verdict_log_off_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    rulebook = tagged_rulebook(3)
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    retriever = TAGRetriever(
+        rulebook=rulebook,
+        judge=ApplicabilityJudge(llm=RuleAwareFakeChatModel(), verdict_log=log),
+        prefilter=LearnedPrefilter(rulebook),
+        retrain_every=100,
+    )
+    polled_in: list[threading.Thread] = []
+    retrainer = retriever.engine.retrainer
+    assert retrainer is not None
+    poll = retrainer.poll
+
+    def recording(rules: Any = None) -> Any:
+        polled_in.append(threading.current_thread())
+        return poll(rules)
+
+    retrainer.poll = recording  # type: ignore[method-assign]
+    await retriever.ainvoke(text_for(1))
+    assert polled_in
+    assert polled_in[0] is not threading.main_thread()
+
+
+def test_a_context_copies_and_pickles_without_its_engines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(query_graph, "_environment_model", RuleAwareFakeChatModel)
+    context = QueryContext(k=2, filter={"tags": "even"})
+    engine = context.engine(CallRetry())
+    assert context.engine(CallRetry()) is engine
+    pickled = pickle.loads(pickle.dumps(context))  # noqa: S301 - our own bytes
+    for other in (copy.deepcopy(context), pickled):
+        assert other.k == context.k
+        assert other.engine(CallRetry()) is not engine
+
+
+def test_runs_without_a_context_share_one_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(query_graph, "_environment_model", RuleAwareFakeChatModel)
+    built: list[object] = []
+    real = QueryContext._build_judge
+
+    def counting(context: QueryContext, retry: CallRetry) -> Any:
+        built.append(context)
+        return real(context, retry)
+
+    monkeypatch.setattr(QueryContext, "_build_judge", counting)
+    graph = build_query_graph()
+    data = tagged_rulebook().model_dump(mode="json")
+    for number in (1, 2):
+        output = graph.invoke({"query": text_for(number), "rulebook": data})
+        assert [m["rule_id"] for m in output["matches"]] == [f"R-{number:03d}"]
+    assert len(built) == 1  # not one judge (and bound) per match_rule task

@@ -174,3 +174,18 @@ def test_it_trains_over_the_callers_rulebook(log: SQLiteVerdictLog) -> None:
     assert "R-NEW" in report.rules
     assert prefilter.rulebook is current
     assert "R-NEW" in prefilter.known_rules
+
+
+def test_rules_that_form_no_rulebook_fail_the_training_not_the_caller(
+    log: SQLiteVerdictLog, caplog: pytest.LogCaptureFixture
+) -> None:
+    retrainer = Retrainer(LearnedPrefilter(RULES), log, RULES, every=8)
+    fill(log, 3)
+    twice = [*RULES.rules, RULES.rules[0]]  # a duplicate id, as edited into a state
+    with caplog.at_level(logging.WARNING):
+        future = retrainer.poll(twice)  # never raises into the retrieval
+        assert future is not None
+        assert isinstance(future.exception(timeout=30), ValueError)
+    assert "failed" in caplog.text
+    assert retrainer.running is None
+    assert retrainer.rulebook is RULES

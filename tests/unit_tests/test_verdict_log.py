@@ -13,8 +13,10 @@ import textwrap
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -421,3 +423,310 @@ def test_close_writes_what_is_pending(tmp_path: Path) -> None:
         holder.close()
     log.close()
     assert [r.text for r in SQLiteVerdictLog(path).records()] == ["paid"]
+
+
+class FakeClock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+POISON = "POISON"
+
+
+class FlakyLog(SQLiteVerdictLog):
+    """An SQLite log whose store fails with `down`, and rejects a POISON text.
+
+    POISON is rejected as PostgreSQL rejects a NUL character. It notes the busy
+    timeout of each write (0: a write that does not wait).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.down: Exception | None = None
+        self.busy_timeouts: list[int] = []
+        self.sizes: list[int] = []
+        # Set: the next write signals `entered`, waits for `proceed`, then `left`.
+        self.gate: tuple[threading.Event, threading.Event, threading.Event] | None
+        self.gate = None
+
+    def _insert(self, records: Sequence[VerdictRecord]) -> None:
+        conn = self._connections.get()
+        self.busy_timeouts.append(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+        self.sizes.append(len(records))
+        gate, self.gate = self.gate, None
+        try:
+            if gate is not None:
+                gate[0].set()
+                assert gate[1].wait(timeout=30)  # a guard against a deadlock only
+            if self.down is not None:
+                raise self.down
+            if any(POISON in (r.text or "") for r in records):
+                msg = "PostgreSQL text fields cannot contain NUL (0x00) bytes"
+                raise sqlite3.DataError(msg)
+            super()._insert(records)
+        finally:
+            if gate is not None:
+                gate[2].set()
+
+
+class WaitingLog(FlakyLog):
+    """A store that cannot be tried without waiting (as PostgreSQL)."""
+
+    _writes_at_once = False
+
+
+def texts(log: SQLiteVerdictLog) -> list[str | None]:
+    return [r.text for r in log.records()]
+
+
+def log_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, VerdictLogWarning)]
+
+
+def test_a_locked_log_waits_at_most_once_per_retry_interval(tmp_path: Path) -> None:
+    """Before, each write waited the busy timeout while the log was locked.
+
+    16 judgments took seconds instead of a tenth.
+    """
+    path = tmp_path / "log.sqlite"
+    clock = FakeClock()
+    log = FlakyLog(path, timeout=0.05, clock=clock)
+    rule = RULES.rules[0]
+    log.record("first", rule, verdict(rule, "first"))
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        log.busy_timeouts.clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in range(16):
+                log.record(f"locked {i}", rule, verdict(rule, "x"))
+            # The first write waited; the next only tried without waiting.
+            assert log.busy_timeouts == [50] + [0] * 15
+            assert len(log_warnings(caught)) == 1
+            for now, waits in [
+                (0.99, False),
+                (1.0, True),  # the retry is due: it waits, fails, and doubles
+                (2.99, False),
+                (3.0, True),
+                (6.99, False),
+                (7.0, True),
+            ]:
+                clock.now = now
+                log.busy_timeouts.clear()
+                log.record(f"at {now}", rule, verdict(rule, "x"))
+                assert log.busy_timeouts == [50 if waits else 0], now
+            assert len(log_warnings(caught)) == 1
+        assert log.pending == 16 + 6
+    finally:
+        holder.rollback()
+        holder.close()
+    # Released: the next write notices it at once, though no retry is due.
+    clock.now = 7.5
+    log.record("after", rule, verdict(rule, "after"))
+    assert log.pending == 0
+    assert texts(log) == [
+        "first",
+        *(f"locked {i}" for i in range(16)),
+        *(f"at {t}" for t in (0.99, 1.0, 2.99, 3.0, 6.99, 7.0)),
+        "after",
+    ]
+
+
+def test_retries_back_off_and_flush_tries_at_once(tmp_path: Path) -> None:
+    clock = FakeClock()
+    log = WaitingLog(
+        tmp_path / "log.sqlite", clock=clock, retry_after=1.0, max_retry_after=4.0
+    )
+    rule = RULES.rules[0]
+    log.down = sqlite3.OperationalError("server closed the connection unexpectedly")
+    with pytest.warns(VerdictLogWarning, match="server closed"):
+        log.record("0", rule, verdict(rule, "0"))
+    tried = []
+    for now in [0.5, 0.99, 1.0, 1.5, 2.99, 3.0, 6.99, 7.0, 10.99, 11.0, 14.99, 15.0]:
+        clock.now = now
+        attempts = len(log.sizes)
+        log.record(str(now), rule, verdict(rule, "x"))
+        if len(log.sizes) > attempts:
+            tried.append(now)
+    # Intervals 1, 2, 4, then 4 at most; writes between them only queue.
+    assert tried == [1.0, 3.0, 7.0, 11.0, 15.0]
+    assert log.pending == 13
+    clock.now = 15.5  # not due: flush tries all the same
+    with pytest.raises(sqlite3.OperationalError):
+        log.flush()
+    assert len(log.sizes) == 7
+    log.down = None
+    assert log.flush() == 13
+    assert texts(log)[:2] == ["0", "0.5"]
+    # A success resets the interval to retry_after.
+    log.down = sqlite3.OperationalError("server closed the connection unexpectedly")
+    clock.now = 100.0
+    with pytest.warns(VerdictLogWarning):
+        log.record("again", rule, verdict(rule, "again"))
+    log.down = None
+    clock.now = 100.99
+    log.record("queued", rule, verdict(rule, "queued"))
+    assert log.pending == 2
+    clock.now = 101.0
+    log.record("due", rule, verdict(rule, "due"))
+    assert log.pending == 0
+    assert texts(log)[-3:] == ["again", "queued", "due"]
+
+
+def test_only_one_writer_retries_and_the_others_do_not_wait(tmp_path: Path) -> None:
+    clock = FakeClock()
+    log = FlakyLog(tmp_path / "log.sqlite", clock=clock)
+    rule = RULES.rules[0]
+    log.down = sqlite3.OperationalError("disk I/O error")
+    with pytest.warns(VerdictLogWarning, match="disk I/O error"):
+        log.record("a", rule, verdict(rule, "a"))
+    clock.now = 1.0  # due
+    entered, proceed, left = threading.Event(), threading.Event(), threading.Event()
+    log.gate = (entered, proceed, left)
+    retrier = threading.Thread(target=log.record, args=("b", rule, verdict(rule, "b")))
+    retrier.start()
+    try:
+        assert entered.wait(timeout=30)  # the retrier is inside the store
+        attempts = len(log.sizes)
+        for i in range(5):  # they neither wait for the retrier nor try the store
+            log.record(f"c{i}", rule, verdict(rule, "c"))
+        assert not left.is_set()
+        assert len(log.sizes) == attempts
+        assert log.pending == 5  # a and b are with the retrier
+    finally:
+        proceed.set()
+        retrier.join()
+    assert log.pending == 7
+    log.down = None
+    assert log.flush() == 7
+    assert texts(log) == ["a", "b", *(f"c{i}" for i in range(5))]
+
+
+def test_a_record_the_store_rejects_is_dropped_not_retried_forever(
+    tmp_path: Path,
+) -> None:
+    """Before, one poison record kept every later record pending for good."""
+    log = FlakyLog(tmp_path / "log.sqlite", clock=FakeClock())
+    rule = RULES.rules[0]
+    log.down = sqlite3.OperationalError("database is locked")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for text in ["a", f"b {POISON}", "c"]:
+            log.record(text, rule, verdict(rule, text))
+        assert log.pending == 3
+        log.down = None
+        log.record("d", rule, verdict(rule, "d"))
+    assert log.pending == 0
+    assert log.dropped == 1
+    assert texts(log) == ["a", "c", "d"]
+    dropped = log_warnings(caught)[-1]
+    assert "dropped 1 record(s) that the store rejects" in dropped
+    assert "DataError: PostgreSQL text fields cannot contain NUL" in dropped
+    # Written again: the next failure warns again.
+    log.down = sqlite3.OperationalError("database is locked")
+    with pytest.warns(VerdictLogWarning, match="cannot be written"):
+        log.record("e", rule, verdict(rule, "e"))
+
+
+def test_a_lone_poison_record_neither_fails_flush_nor_close(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite"
+    log = FlakyLog(path, clock=FakeClock())
+    rule = RULES.rules[0]
+    with pytest.warns(VerdictLogWarning, match="rejects"):
+        log.record(POISON, rule, verdict(rule, "x"))  # the store works: dropped
+    assert (log.pending, log.dropped) == (0, 1)
+    log.down = sqlite3.OperationalError("database is locked")
+    with pytest.warns(VerdictLogWarning, match="cannot be written"):
+        log.record(f"{POISON} 2", rule, verdict(rule, "x"))
+    log.down = None
+    with pytest.warns(VerdictLogWarning, match="rejects"):
+        assert log.flush() == 0  # an empty write passes: the record is the problem
+    assert (log.pending, log.dropped) == (0, 2)
+    log.record("fine", rule, verdict(rule, "fine"))
+    log.close()
+    assert texts(SQLiteVerdictLog(path)) == ["fine"]
+
+
+def test_a_store_failing_every_record_keeps_them_all(tmp_path: Path) -> None:
+    log = FlakyLog(tmp_path / "log.sqlite", clock=FakeClock())
+    rule = RULES.rules[0]
+    # Not an OperationalError, but the store's: nothing is written, not even empty.
+    log.down = sqlite3.DatabaseError("database disk image is malformed")
+    with pytest.warns(VerdictLogWarning, match="malformed"):
+        log.record("a", rule, verdict(rule, "a"))
+    assert log.sizes == [1, 0]  # the record, then an empty write: no more
+    log.sizes.clear()
+    log.record("b", rule, verdict(rule, "b"))
+    assert log.sizes == [2, 1, 0]  # the batch, its first record, an empty write
+    assert (log.pending, log.dropped) == (2, 0)
+    with pytest.raises(sqlite3.DatabaseError, match="malformed"):
+        log.close()
+    log.down = None
+    log.close()
+    assert texts(log) == ["a", "b"]
+
+
+def test_pending_records_are_capped_and_the_oldest_dropped(tmp_path: Path) -> None:
+    log = FlakyLog(tmp_path / "log.sqlite", clock=FakeClock(), max_pending=3)
+    rule = RULES.rules[0]
+    log.down = sqlite3.OperationalError("database is locked")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(6):
+            log.record(str(i), rule, verdict(rule, str(i)))
+    assert (log.pending, log.dropped) == (3, 3)
+    messages = log_warnings(caught)
+    assert len(messages) == 2  # cannot be written; then the first loss
+    assert "at most 3 records in memory: the oldest 1 are lost" in messages[1]
+    log.down = None
+    assert log.flush() == 3
+    assert texts(log) == ["3", "4", "5"]
+
+
+def test_a_record_that_cannot_be_prepared_never_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, hashing a text (store_text=False) raised into the paid judgment."""
+    log = FlakyLog(tmp_path / "log.sqlite", clock=FakeClock(), store_text=False)
+    rule = RULES.rules[0]
+    real_hash = FeatureHashing.hash
+    hungry = True
+
+    def hashing(self: FeatureHashing, text: str) -> HashedFeatures:
+        if "unhashable" in text:
+            msg = "cannot hash this"
+            raise ValueError(msg)
+        if "big" in text and hungry:
+            raise MemoryError
+        return real_hash(self, text)
+
+    monkeypatch.setattr(FeatureHashing, "hash", hashing)
+    with pytest.warns(VerdictLogWarning, match=r"cannot be prepared.*ValueError"):
+        log.record("unhashable", rule, verdict(rule, "x"))
+    assert (log.pending, log.dropped, len(log)) == (0, 1, 0)
+    # For want of memory: kept raw, prepared at a later write.
+    with pytest.warns(VerdictLogWarning, match="MemoryError"):
+        log.record("a big text", rule, verdict(rule, "x"))
+    assert log.pending == 1
+    hungry = False
+    log.record("small", rule, verdict(rule, "x"))
+    assert log.pending == 0
+    records = list(log.records())
+    assert [r.text for r in records] == [None, None]
+    assert [r.features for r in records] == [
+        real_hash(log.hashing, "a big text"),
+        real_hash(log.hashing, "small"),
+    ]
+
+
+def test_retry_settings_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_pending"):
+        SQLiteVerdictLog(tmp_path / "a.sqlite", max_pending=0)
+    with pytest.raises(ValueError, match="retry_after"):
+        SQLiteVerdictLog(tmp_path / "b.sqlite", retry_after=2, max_retry_after=1)
