@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_tag._text import check_text
 from langchain_tag.learning.retraining import Retrainer
-from langchain_tag.learning.shadow import RecallEstimate, ShadowJudging
+from langchain_tag.learning.shadow import RecallEstimate, ShadowJudging, check_rate
 from langchain_tag.matching import BaseJudge, Verdict
 from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.matching.verdicts import warn_failures
@@ -329,9 +329,7 @@ class MatchEngine:
         max_concurrency: int | None = 8,
     ) -> None:
         """Set the engine up; see the class docstring."""
-        if not 0.0 <= explore <= 1.0:
-            msg = f"explore must be in [0, 1], got {explore!r}."
-            raise ValueError(msg)
+        check_rate(explore)
         self.judge = judge
         self.prefilter = prefilter
         self.limiter = ConcurrencyLimiter(max_concurrency)

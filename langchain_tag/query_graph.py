@@ -60,6 +60,7 @@ from langchain_tag.extraction.graph import (
     ExtractionSettings,
     build_extraction_graph,
 )
+from langchain_tag.learning.shadow import check_rate
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     NBA_PROFILE,
@@ -157,9 +158,7 @@ class QueryContext:
     def __post_init__(self) -> None:
         """Refuse options the engine could not honour, before any model call."""
         self.options()
-        if not 0.0 <= self.explore <= 1.0:
-            msg = f"explore must be in [0, 1], got {self.explore!r}."
-            raise ValueError(msg)
+        check_rate(self.explore)
         self.__setstate__({})
 
     # Not fields (no schema, no comparison), and not copied: a copy or an unpickled
@@ -590,23 +589,22 @@ def execute(
     engine = context.engine(retry)
     result = engine.result(planned, verdicts)
     engine.retrain_if_due(_rules(state))
-    dispatch_custom_event(MATCH_EVENT, result.summary(), config=config)
+    summary = result.summary()
+    dispatch_custom_event(MATCH_EVENT, summary, config=config)
     by_id = {rule.rule_id: rule for rule in planned.candidates}
     chosen = [by_id[str(doc.id)] for doc in result.documents]
     answer = _executor(context).invoke(
         {"input": state["query"], "rules": chosen}, config
     )
-    verdict = {v.rule_id: v for v in result.verdicts}
     matches: list[Match] = [
         {
-            "rule_id": rule.rule_id,
-            "name": rule.name,
-            "score": verdict[rule.rule_id].score,
-            "reason": verdict[rule.rule_id].reason,
+            "rule_id": str(doc.id),
+            "name": doc.metadata["name"],
+            "score": doc.metadata["score"],
+            "reason": doc.metadata["reason"],
         }
-        for rule in chosen
+        for doc in result.documents
     ]
-    summary = result.summary()
     cost = {
         "rules": len(state.get("rules") or []),
         "candidates": result.candidates,

@@ -28,7 +28,24 @@ if TYPE_CHECKING:
     from langchain_tag.matching.judge import Verdict
     from langchain_tag.rules import Rule
 
-__all__ = ["RecallEstimate", "ShadowJudging", "estimate_recall", "explore_pairs"]
+__all__ = [
+    "RecallEstimate",
+    "ShadowJudging",
+    "check_rate",
+    "estimate_recall",
+    "explore_pairs",
+]
+
+
+def check_rate(rate: float, name: str = "explore") -> None:
+    """Refuse an exploration rate outside [0, 1], naming the option.
+
+    Raises:
+        ValueError: `rate` is outside [0, 1].
+    """
+    if not 0.0 <= rate <= 1.0:
+        msg = f"{name} must be in [0, 1], got {rate!r}"
+        raise ValueError(msg)
 
 
 def explore_pairs(
@@ -52,9 +69,7 @@ def explore_pairs(
     Raises:
         ValueError: `rate` is outside [0, 1].
     """
-    if not 0.0 <= rate <= 1.0:
-        msg = f"rate must be in [0, 1], got {rate!r}"
-        raise ValueError(msg)
+    check_rate(rate, "rate")
     explored = []
     for rule_id in skipped:
         draw = hashlib.sha256(f"{seed}\x00{key}\x00{rule_id}".encode()).digest()
@@ -156,9 +171,7 @@ class ShadowJudging:
 
     def __init__(self, prefilter: LearnedPrefilter, *, explore: float = 0.05) -> None:
         """Start with no counts."""
-        if not 0.0 <= explore <= 1.0:
-            msg = f"explore must be in [0, 1], got {explore!r}"
-            raise ValueError(msg)
+        check_rate(explore)
         self.prefilter = prefilter
         self.explore = explore
         self._lock = threading.Lock()
