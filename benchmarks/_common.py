@@ -126,3 +126,20 @@ def write_json(path: Path, figures: dict[str, Any]) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+
+
+def print_targets(targets: dict[str, dict[str, Any]], digits: int = 3) -> None:
+    """Print the "Targets" block: name, value, unit, goal, PASS or FAIL.
+
+    Args:
+        targets: Target name -> `value`, `unit`, `goal` and `pass`.
+        digits: Decimals of the values.
+    """
+    width = max((len(name) for name in targets), default=0)
+    print("Targets")
+    for name, target in targets.items():
+        print(
+            f"  {name:<{width}} {target['value']:>{digits + 4}.{digits}f} "
+            f"{target['unit']:<3} {target['goal']:<7} "
+            f"{'PASS' if target['pass'] else 'FAIL'}"
+        )

@@ -362,18 +362,6 @@ def measure_overhead(rulebook: Rulebook, all_runs: list[Run]) -> list[OverheadRo
     return rows
 
 
-def verdict(ok: bool) -> str:  # noqa: FBT001 - a plain predicate
-    """PASS or FAIL.
-
-    Args:
-        ok: Whether the target was met.
-
-    Returns:
-        The label.
-    """
-    return "PASS" if ok else "FAIL"
-
-
 def print_report(
     concurrency: list[ConcurrencyRow],
     sleeps: dict[str, float],
@@ -444,12 +432,7 @@ def print_report(
 
     print(f"3. Prompt shared-prefix share over the {M} judgments: {prefix_share:.1%}\n")
 
-    print("Targets")
-    for name, target in targets.items():
-        print(
-            f"  {name:<36} {target['value']:>7.3f} {target['unit']:<3} "
-            f"{target['goal']:<7} {verdict(target['pass'])}"
-        )
+    _common.print_targets(targets)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

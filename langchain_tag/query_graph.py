@@ -4,7 +4,9 @@
 
 `load_rulebook` takes the rulebook given in the input, or runs the extraction graph
 when only documents are given; `review` (optional) pauses with `interrupt()` so a
-person can approve, edit or drop the extracted rules; `plan`, `match_rule` and
+person can approve, edit or reject each extracted rule (LangChain's human-in-the-loop
+request, one `keep_rule` action per rule, answered with `{"decisions": [...]}`, as
+LangGraph Studio and Agent Chat UI do); `plan`, `match_rule` and
 `execute` are the steps of `langchain_tag.engine.MatchEngine`, the one the
 retriever runs: `plan` filters and prefilters, `match_rule` is fanned out with one
 `Send` per model call (one rule each by default, the action withheld), `execute`
@@ -15,12 +17,14 @@ Every matching option of `TAGRetriever` is a `QueryContext` field of the same na
 from __future__ import annotations
 
 import functools
+import json
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
+from langchain.agents.middleware.human_in_the_loop import ActionRequest
 from langchain_core.callbacks import dispatch_custom_event
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
@@ -32,13 +36,14 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import get_runtime
-from langgraph.types import CachePolicy, Overwrite, Send, interrupt
+from langgraph.types import CachePolicy, Overwrite, Send
 from pydantic import ConfigDict, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import NotRequired, TypedDict
 
 from langchain_tag._graph import as_documents
 from langchain_tag._graph import coerce_context as _coerce
+from langchain_tag._review import ask, read_decisions
 from langchain_tag.engine import (
     MATCH_EVENT,
     MatchEngine,
@@ -143,6 +148,8 @@ class QueryContext:
     """Judgments in flight at most, across the runs sharing this context."""
     logprobs: bool = False
     """Score verdicts by logprobs (models with a `logprobs` option, as ChatOpenAI)."""
+    rationale: bool = False
+    """Ask the judge built here for one short reason before each verdict."""
     profile: str | SkipJsonSchema[RuleSchemaProfile] = "condition"
     """A profile name from `PROFILES`, or a `RuleSchemaProfile`."""
     template: str | SkipJsonSchema[ExecutionTemplate] = "generic"
@@ -207,6 +214,7 @@ class QueryContext:
             llm=self.judge_model or _environment_model(),
             profile=_named(self.profile, PROFILES, "profile"),
             logprobs=self.logprobs,
+            rationale=self.rationale,
             retry=retry,
             on_error=self.on_error,
             rules_per_call=self.rules_per_call,
@@ -408,52 +416,135 @@ async def aextract(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
     return _extracted(await graph.ainvoke(inputs, config, context=settings))
 
 
+_REVIEW_ACTION = "keep_rule"
+"""The name of each rule's action request: approving it keeps the rule."""
+
 REVIEW_HELP = (
-    "Resume with True or {'approve': True} to keep the rules, {'drop': [rule ids]} "
-    "to remove some, or {'rules': [edited rule dicts]} to replace them."
+    'Resume with {"decisions": [...]}, one decision per rule in the order shown: '
+    '{"type": "approve"} keeps the rule, {"type": "edit", "edited_action": '
+    '{"name": "keep_rule", "args": <the edited rule>}} replaces it, '
+    '{"type": "reject"} drops it. Also read: true or {"approve": true} (keep every '
+    'rule), {"drop": [rule ids]}, {"rules": [edited rule dicts]}.'
 )
+
+_TEXT_FIELDS = frozenset(
+    name
+    for name, field in Rule.model_fields.items()
+    if field.annotation in (str, str | None)
+)
+"""The rule fields whose value is text; the others are lists, objects or numbers."""
+
+
+def _summary(rule: Mapping[str, Any]) -> str:
+    """One line for a person: [id] name: condition -> action."""
+    text = (
+        f"[{rule['rule_id']}] {rule['name']}: "
+        f"{rule['condition']} \N{RIGHTWARDS ARROW} {rule['action']}"
+    )
+    return " ".join(text.split())
+
+
+def _rule_action(rule: dict[str, Any]) -> ActionRequest:
+    return {"name": _REVIEW_ACTION, "args": rule, "description": _summary(rule)}
 
 
 def review(state: QueryState) -> dict[str, Any]:
-    """Pause for a person to approve, edit or drop the extracted rules.
+    """Pause for a person to approve, edit or reject each extracted rule.
 
-    Resume with `Command(resume=...)`: `True` (or `{"approve": True}`) keeps the
-    rules; `{"drop": [rule ids]}` removes some (and the relations pointing at them);
-    `{"rules": [rule dicts]}` replaces them with edited ones. An answer that cannot
-    be applied is not an error that ends the run: the review asks again, saying why.
-    Whether to review is up to the context of the run that extracted the rules.
+    The interrupt's value is LangChain's human-in-the-loop request (`HITLRequest`),
+    as LangGraph Studio and Agent Chat UI render it: one `keep_rule` action request
+    per rule (its args are the rule as JSON, its description one line: id, name,
+    condition -> action), every one allowing approve, edit and reject; and
+    `problem`, why the previous answer was not applied (None at first).
+
+    Resume with `Command(resume={"decisions": [...]})`, one decision per rule in
+    order: `{"type": "approve"}` keeps the rule, `{"type": "edit", "edited_action":
+    {"name": "keep_rule", "args": {...}}}` replaces it with the args (a rule),
+    `{"type": "reject"}` drops it and the relations pointing at it. The earlier
+    answers are read too: `True` (or `{"approve": True}`) keeps every rule,
+    `{"drop": [rule ids]}` removes some, `{"rules": [rule dicts]}` replaces them.
+    An answer that cannot be applied is not an error that ends the run: the review
+    asks again, saying why. Whether to review is up to the context of the run that
+    extracted the rules.
     """
     if not state.get("review_requested"):
         return {}
     rules = [rule.model_dump(mode="json") for rule in _rules(state)]
-    problem = None
-    while True:
-        # Each retry is a new interrupt: LangGraph replays earlier answers to the
-        # earlier interrupts, so a bad answer never sticks to the thread.
-        decision = interrupt(
-            {
-                "message": "Approve, edit or drop the extracted rules.",
-                "how": REVIEW_HELP,
-                "problem": problem,
-                "rules": rules,
-            }
-        )
-        try:
-            reviewed = apply_review(rules, decision)
-            return {"rules": [Rule.model_validate(rule) for rule in reviewed]}
-        except (ValueError, TypeError) as error:
-            problem = str(error)
+    reviewed = ask(
+        [_rule_action(rule) for rule in rules],
+        lambda answer: apply_review(rules, answer),
+    )
+    return {"rules": [Rule.model_validate(rule) for rule in reviewed]}
 
 
 def apply_review(rules: list[dict[str, Any]], decision: object) -> list[dict[str, Any]]:
-    """The rules after a reviewer's decision (see `review`).
+    """The rules after a reviewer's answer (see `review`).
 
     Raises:
-        ValueError: The decision is not one of the accepted forms, or leaves an
+        ValueError: The answer is not one of the accepted forms, or leaves an
             invalid rulebook.
     """
-    if decision is True:
-        return rules
+    if isinstance(decision, Mapping) and "decisions" in decision:
+        rules = _apply_decisions(rules, decision)
+    elif decision is not True:
+        rules = _apply_earlier_answer(rules, decision)
+    try:
+        Rulebook.from_rules(rules)
+    except ValidationError as error:
+        msg = f"The reviewed rules do not form a valid rulebook: {error}"
+        raise ValueError(msg) from None
+    return rules
+
+
+def _apply_decisions(
+    rules: list[dict[str, Any]], answer: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The rules after LangChain's `{"decisions": [...]}`, one per rule."""
+    mixed = sorted(set(answer) & {"approve", "drop", "rules"})
+    if mixed:
+        msg = f"Answer with decisions only, not with {mixed} as well. {REVIEW_HELP}"
+        raise ValueError(msg)
+    decisions = read_decisions(answer, [_rule_action(rule) for rule in rules])
+    kept: list[dict[str, Any]] = []
+    rejected: set[str] = set()
+    for i, (rule, decision) in enumerate(zip(rules, decisions, strict=True)):
+        if decision["type"] == "approve":
+            kept.append(rule)
+        elif decision["type"] == "edit":
+            kept.append(_edited_rule(i, decision["edited_action"]["args"]))
+        else:
+            rejected.add(rule["rule_id"])
+    # An edit may give a rule a rejected rule's id: relations to it still hold.
+    return _dropping(kept, rejected - {rule["rule_id"] for rule in kept})
+
+
+def _edited_rule(i: int, args: Mapping[str, Any]) -> dict[str, Any]:
+    # Agent Chat UI edits each arg as text: an edited list or object comes back as
+    # JSON text.
+    fields = {
+        key: _json_or_text(value)
+        if isinstance(value, str) and key not in _TEXT_FIELDS
+        else value
+        for key, value in args.items()
+    }
+    try:
+        return Rule.model_validate(fields).model_dump(mode="json")
+    except ValidationError as error:
+        msg = f"decisions[{i}]: the edited args are not a valid rule: {error}"
+        raise ValueError(msg) from None
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def _apply_earlier_answer(
+    rules: list[dict[str, Any]], decision: object
+) -> list[dict[str, Any]]:
+    """The rules after `{"approve": True}`, `{"drop": [...]}` or `{"rules": [...]}`."""
     if not isinstance(decision, Mapping) or not decision:
         msg = f"Unreadable review answer {decision!r}. {REVIEW_HELP}"
         raise ValueError(msg)
@@ -471,22 +562,22 @@ def apply_review(rules: list[dict[str, Any]], decision: object) -> list[dict[str
         if missing:
             msg = f"Cannot drop unknown rule ids {sorted(missing)}. {REVIEW_HELP}"
             raise ValueError(msg)
-        rules = [
-            {
-                **r,
-                "relations": [
-                    rel for rel in r["relations"] if rel["other_rule_id"] not in dropped
-                ],
-            }
-            for r in rules
-            if r["rule_id"] not in dropped
-        ]
-    try:
-        Rulebook.from_rules(rules)
-    except ValidationError as error:
-        msg = f"The reviewed rules do not form a valid rulebook: {error}"
-        raise ValueError(msg) from None
+        rules = _dropping(rules, dropped)
     return rules
+
+
+def _dropping(rules: list[dict[str, Any]], dropped: set[str]) -> list[dict[str, Any]]:
+    """`rules` without the `dropped` ids, and without the relations pointing at them."""
+    return [
+        {
+            **r,
+            "relations": [
+                rel for rel in r["relations"] if rel["other_rule_id"] not in dropped
+            ],
+        }
+        for r in rules
+        if r["rule_id"] not in dropped
+    ]
 
 
 def plan(
@@ -658,6 +749,12 @@ def build_query_graph(
     retry: CallRetry | None = None,
 ) -> CompiledStateGraph[QueryState, QueryContext, QueryInput, QueryOutput]:
     """Compile the query graph.
+
+    With `QueryContext(review=True)`, a run from documents pauses after extraction
+    with LangChain's human-in-the-loop request, one `keep_rule` action per rule;
+    resume with `Command(resume={"decisions": [...]})`, one approve, edit or reject
+    per rule in order (the earlier answers `True`, `{"drop": [...]}` and
+    `{"rules": [...]}` are read too; see `review`).
 
     Args:
         checkpointer: Needed for `review` (interrupts) and to keep threads.

@@ -67,7 +67,7 @@ from langchain_tag.evaluation.runner import method_context
 from langchain_tag.evaluation.tasks import EvalItem, EvalTask, TaskName
 from langchain_tag.execution import ActionOnlyExecutor
 from langchain_tag.matching import ApplicabilityJudge, BaseJudge, CascadeJudge
-from langchain_tag.matching.profiles import ApplicableOutput, RuleSchemaProfile
+from langchain_tag.matching.profiles import RuleSchemaProfile
 from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.rules import Rule
 
@@ -208,12 +208,16 @@ four scores."""
 
 
 def _judge_no(profile: RuleSchemaProfile, rules: Sequence[Rule]) -> str:
-    """A judge's NO to `rules` in the profile's format (a batch for several)."""
-    answer: dict[str, Any] = (
-        {"applicable": False, "reason": JUDGE_NO_REASON}
-        if issubclass(profile.output_schema, ApplicableOutput)
-        else {"verdict": "NO"}
-    )
+    """A judge's NO to `rules` in the profile's format (a batch for several).
+
+    The format's fields in its order: a rationale's reason comes first.
+    """
+    values = {"applicable": False, "verdict": "NO", "reason": JUDGE_NO_REASON}
+    answer: dict[str, Any] = {
+        name: values[name]
+        for name in profile.output_schema.model_fields
+        if name in values
+    }
     if len(rules) == 1:
         return json.dumps(answer)
     return json.dumps({"verdicts": [{"rule_id": r.rule_id, **answer} for r in rules]})
@@ -418,7 +422,9 @@ class _Walker:
                 else judge.batch_messages(text, asked)
             )
             cost.input_tokens += self.counter.messages(messages)
-            cost.output_tokens += self.counter.count(_judge_no(judge.profile, asked))
+            cost.output_tokens += self.counter.count(
+                _judge_no(judge.asked_profile, asked)
+            )
         return cost
 
     def judge(self, judge: BaseJudge, text: str, rules: Sequence[Rule]) -> _Cost:

@@ -3,8 +3,9 @@
 Each judgment (input, rule, verdict) is a labelled example for `LearnedPrefilter`.
 The log appends one `VerdictRecord` per judgment that reached a model (cache
 misses): the input, the rule's id and content hash, the verdict (applies, score,
-error), the model, prompt version and profile, where it came from (`source`:
-`judge`, `cascade-cheap`, `cascade-strong`, `relevance`) and when.
+error, and the judge's reason when it gave one), the model, prompt version and
+profile, where it came from (`source`: `judge`, `cascade-cheap`, `cascade-strong`,
+`relevance`) and when.
 
 ```python
 log = SQLiteVerdictLog(".langchain-tag/verdicts.sqlite")
@@ -19,7 +20,9 @@ Two stores, one interface (`VerdictLog`):
 - `PostgresVerdictLog`: one database shared by several machines (psycopg, the
   `postgres` extra).
 
-Inputs are stored once each (keyed by SHA-256), verdicts point at them.
+Inputs are stored once each (keyed by SHA-256), verdicts point at them. A log
+made before a column existed (`reason`) gets it, empty for the old rows, when it is
+opened.
 
 **Keeping no text** (`store_text=False`): the input is stored as its hashed word
 n-gram counts (`HashedFeatures`, what the learner trains on) and its SHA-256, never
@@ -157,6 +160,9 @@ class VerdictRecord(BaseModel):
         "exploration rate it was drawn at.",
     )
     created: float = Field(default_factory=time.time, description="Unix time.")
+    reason: str | None = Field(
+        default=None, description="The judge's reason for the verdict, if it gave one."
+    )
 
     @classmethod
     def of(
@@ -185,6 +191,7 @@ class VerdictRecord(BaseModel):
             profile=profile,
             source=source,
             explore=explore,
+            reason=verdict.reason,
         )
 
     @property
@@ -749,20 +756,42 @@ class VerdictLog(abc.ABC):
 # The statements of both stores: `{t}` is the verdicts table, `{i}` the inputs table
 # (checked identifiers), `{id}`, `{bool}`, `{real}` the dialect's types, `?` a
 # parameter (PostgreSQL's store turns it into `%s`).
+
+# The verdicts table's columns after `id`, each named as its `VerdictRecord` field,
+# with its type: the one list the statements below are built from.
+_VERDICT_COLUMNS = (
+    ("input_digest", "TEXT NOT NULL"),
+    ("rule_id", "TEXT NOT NULL"),
+    ("rule_hash", "TEXT NOT NULL"),
+    ("applies", "{bool} NOT NULL"),
+    ("score", "{real}"),
+    ("error", "TEXT"),
+    ("model", "TEXT"),
+    ("prompt_version", "TEXT"),
+    ("profile", "TEXT"),
+    ("source", "TEXT NOT NULL"),
+    ("explore", "{real}"),
+    ("created", "{real} NOT NULL"),
+    # Added later: logs made before get these at open (`_ADDED_COLUMNS`), last, so
+    # old and new tables have one layout.
+    ("reason", "TEXT"),
+)
+_ADDED_COLUMNS = _VERDICT_COLUMNS[-1:]
+"""Columns a log made by an older version may lack: nullable, added when opened."""
+_COLUMN_NAMES = tuple(name for name, _ in _VERDICT_COLUMNS)
+
 _SCHEMA = (
     (
         "CREATE TABLE IF NOT EXISTS {i} (digest TEXT PRIMARY KEY, text TEXT, "
         "features TEXT, last_used {real} NOT NULL)"
     ),
-    (
-        "CREATE TABLE IF NOT EXISTS {t} (id {id}, input_digest TEXT NOT NULL, "
-        "rule_id TEXT NOT NULL, rule_hash TEXT NOT NULL, applies {bool} NOT NULL, "
-        "score {real}, error TEXT, model TEXT, prompt_version TEXT, profile TEXT, "
-        "source TEXT NOT NULL, explore {real}, created {real} NOT NULL)"
-    ),
+    "CREATE TABLE IF NOT EXISTS {t} (id {id}, "
+    + ", ".join(f"{name} {kind}" for name, kind in _VERDICT_COLUMNS)
+    + ")",
     "CREATE INDEX IF NOT EXISTS {t}_created ON {t} (created)",
     "CREATE INDEX IF NOT EXISTS {t}_input ON {t} (input_digest)",
 )
+_ADD_COLUMN = "ALTER TABLE {t} ADD COLUMN "
 # The newest use keeps an input from being pruned as an orphan while its verdict is
 # written (see _DELETE_ORPHANS).
 _UPSERT_INPUT = (
@@ -771,15 +800,14 @@ _UPSERT_INPUT = (
     "text = COALESCE({i}.text, excluded.text), "
     "features = COALESCE({i}.features, excluded.features)"
 )
+# Built from constant column names only (S608).
 _INSERT_VERDICT = (
-    "INSERT INTO {t} (input_digest, rule_id, rule_hash, applies, score, error, "
-    "model, prompt_version, profile, source, explore, created) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    f"INSERT INTO {{t}} ({', '.join(_COLUMN_NAMES)}) "  # noqa: S608
+    f"VALUES ({', '.join('?' * len(_COLUMN_NAMES))})"
 )
 _PAGE_QUERY = (
-    "SELECT v.id, v.input_digest, v.rule_id, v.rule_hash, v.applies, v.score, "
-    "v.error, v.model, v.prompt_version, v.profile, v.source, v.explore, "
-    "v.created, i.text, i.features FROM {t} v "
+    f"SELECT v.id, {', '.join(f'v.{name}' for name in _COLUMN_NAMES)}, "  # noqa: S608
+    "i.text, i.features FROM {t} v "
     "LEFT JOIN {i} i ON i.digest = v.input_digest "
     "WHERE v.id > ? ORDER BY v.id LIMIT ?"
 )
@@ -860,23 +888,7 @@ class _SQLVerdictLog(VerdictLog):
             )
             for r in records
         }
-        verdicts = [
-            (
-                r.input_digest,
-                r.rule_id,
-                r.rule_hash,
-                r.applies,
-                r.score,
-                r.error,
-                r.model,
-                r.prompt_version,
-                r.profile,
-                r.source,
-                r.explore,
-                r.created,
-            )
-            for r in records
-        ]
+        verdicts = [tuple(getattr(r, name) for name in _COLUMN_NAMES) for r in records]
         self._execute(
             [(_UPSERT_INPUT, list(inputs.values())), (_INSERT_VERDICT, verdicts)]
         )
@@ -933,41 +945,17 @@ class _SQLVerdictLog(VerdictLog):
 
 
 def _record(row: Sequence[Any]) -> VerdictRecord:
-    (
-        id_,
-        input_digest,
-        rule_id,
-        rule_hash,
-        applies,
-        score,
-        error,
-        model,
-        prompt_version,
-        profile,
-        source,
-        explore,
-        created,
-        text,
-        features,
-    ) = row
+    """The record of a `_PAGE_QUERY` row: id, the columns, text, features."""
+    id_, *columns, text, features = row
+    fields: dict[str, Any] = dict(zip(_COLUMN_NAMES, columns, strict=True))
+    fields["applies"] = bool(fields["applies"])  # SQLite stores an integer
     return VerdictRecord(
+        **fields,
         id=id_,
-        input_digest=input_digest,
         text=text,
         features=None
         if features is None
         else HashedFeatures.model_validate_json(features),
-        rule_id=rule_id,
-        rule_hash=rule_hash,
-        applies=bool(applies),
-        score=score,
-        error=error,
-        model=model,
-        prompt_version=prompt_version,
-        profile=profile,
-        source=source,
-        explore=explore,
-        created=created,
     )
 
 
@@ -1004,6 +992,19 @@ class SQLiteVerdictLog(_SQLVerdictLog):
         self._connections = SQLiteConnections(path, timeout=timeout)
         self.path = self._connections.path
         self._execute([(template, [()]) for template in _SCHEMA])
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """Add the columns a log made by an older version lacks (`_ADDED_COLUMNS`).
+
+        SQLite has no `ADD COLUMN IF NOT EXISTS`: the check and the change run in
+        one write transaction, so processes opening the log at once add each once.
+        """
+        with self._connections.writing() as conn:
+            have = {row[1] for row in conn.execute(self._sql("PRAGMA table_info({t})"))}
+            for name, kind in _ADDED_COLUMNS:
+                if name not in have:
+                    conn.execute(self._sql(f"{_ADD_COLUMN}{name} {kind}"))
 
     def _execute(self, statements: Sequence[Statement]) -> list[int]:
         with self._connections.writing() as conn:
@@ -1066,7 +1067,15 @@ class PostgresVerdictLog(_SQLVerdictLog):
         # Concurrent CREATE TABLE IF NOT EXISTS can collide in the catalogue; the
         # first writer creates the schema while the others wait on the lock.
         lock = ("SELECT pg_advisory_xact_lock(hashtext(?))", [(table,)])
-        self._execute([lock, *((template, [()]) for template in _SCHEMA)])
+        # A log made by an older version gets the columns it lacks.
+        added = (
+            f"{_ADD_COLUMN}IF NOT EXISTS {name} {kind}" for name, kind in _ADDED_COLUMNS
+        )
+        self._execute([lock, *((template, [()]) for template in (*_SCHEMA, *added))])
+        # After an ALTER, psycopg drops its prepared statements, and one prepared
+        # later in that session was found missing (InvalidSqlStatementName): the
+        # session that set the schema up is not used for records.
+        self._close()
 
     @property
     def location(self) -> str:

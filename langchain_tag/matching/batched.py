@@ -39,7 +39,7 @@ def batch_messages(
     judge: ApplicabilityJudge, text: str, rules: Sequence[Rule]
 ) -> list[BaseMessage]:
     """The messages that judge several `rules` against `text` in one call."""
-    profile = judge.profile
+    profile = judge.asked_profile
     fields = [
         [
             *([] if "rule_id" in profile.rule_fields else [("rule_id", r.rule_id)]),
@@ -162,7 +162,7 @@ def _read(
     judge: ApplicabilityJudge, asked: Sequence[Rule], output: Any
 ) -> dict[str, Verdict]:
     succeeded()
-    return read_batch(judge.profile, asked, output)
+    return read_batch(judge.asked_profile, asked, output)
 
 
 def _pairs(

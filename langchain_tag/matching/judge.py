@@ -45,6 +45,8 @@ from langchain_tag.matching.parsing import (
 from langchain_tag.matching.profiles import (
     CONDITION_PROFILE,
     ApplicableOutput,
+    ReasonedApplicableOutput,
+    ReasonedYesNoOutput,
     RuleSchemaProfile,
     YesNoOutput,
 )
@@ -328,8 +330,14 @@ class ApplicabilityJudge(BaseJudge):
     action stays withheld; verdicts are cached per (input, rule) as always; a rule
     missing from, repeated in or unreadable in the answer is judged again alone.
     Batched verdicts carry no logprob score."""
+    rationale: bool = False
+    """Ask for one short sentence of reason before each verdict (`Verdict.reason`,
+    the documents' `reason` metadata, the verdict log). Its own prompts and cache
+    keys; more output tokens. False keeps the profile's prompts exactly (the
+    constraint profiles' reason then follows their decision, as it always has)."""
 
     _calls: StructuredFallback = PrivateAttr()
+    _asked: RuleSchemaProfile = PrivateAttr(default=CONDITION_PROFILE)
     _key_prefix: str = PrivateAttr(default="")
     _identity: str = PrivateAttr(default="")
 
@@ -344,32 +352,43 @@ class ApplicabilityJudge(BaseJudge):
         if self.rules_per_call > 1 and self.logprobs:
             msg = "logprobs scores need rules_per_call=1 (one verdict per answer)."
             raise ValueError(msg)
+        # What the model is asked: the profile, or its reasoned form.
+        self._asked = self.profile.with_rationale() if self.rationale else self.profile
+        asked = self._asked
         model = self._configured_model()
         self._identity = model_identity(model)
         self._key_prefix = json.dumps(
             [
                 prompts.PROMPT_VERSION,
-                self.profile.name,
+                asked.name,
                 hashlib.sha256(
                     json.dumps(
                         [
-                            self.profile.system_prompt,
-                            self.profile.output_instruction,
-                            self.profile.output_schema.__name__,
+                            asked.system_prompt,
+                            asked.output_instruction,
+                            asked.output_schema.__name__,
                         ]
                     ).encode()
                 ).hexdigest(),
                 self._identity,
                 # Several rules per call is another prompt: its own verdicts.
                 *(["batch"] if self.rules_per_call > 1 else []),
+                # So are reasons first; nothing is added without them, so that the
+                # keys of verdicts cached before rationale existed still match.
+                *(["rationale", prompts.RATIONALE_VERSION] if self.rationale else []),
             ]
         )
         self._calls = StructuredFallback(model, self.structured_output, self._schemas())
 
+    @property
+    def asked_profile(self) -> RuleSchemaProfile:
+        """The profile as the model is asked: `profile`, or its reasoned form."""
+        return self._asked
+
     def _schemas(self) -> list[type[BaseModel]]:
-        batch = self.profile.batch_output_schema
+        batch = self._asked.batch_output_schema
         return [
-            self.profile.output_schema,
+            self._asked.output_schema,
             *([batch] if batch is not None and self.rules_per_call > 1 else []),
         ]
 
@@ -425,8 +444,8 @@ class ApplicabilityJudge(BaseJudge):
         return await self._calls.ainvoke(messages, config, self._schema(batch=batch))
 
     def _schema(self, *, batch: bool) -> type[BaseModel]:
-        schema = self.profile.batch_output_schema if batch else None
-        return schema or self.profile.output_schema
+        schema = self._asked.batch_output_schema if batch else None
+        return schema or self._asked.output_schema
 
     # -- prompt -----------------------------------------------------------------------
 
@@ -444,12 +463,12 @@ class ApplicabilityJudge(BaseJudge):
     def messages(self, text: str, rule: Rule) -> list[BaseMessage]:
         """The exact messages that judge `rule` against `text` (no action in them)."""
         return [
-            SystemMessage(self.profile.system_prompt),
+            SystemMessage(self._asked.system_prompt),
             HumanMessage(
                 prompts.render_judge_user_message(
                     text,
                     self.judged_fields(rule),
-                    self.profile.output_instruction,
+                    self._asked.output_instruction,
                     self.question,
                 )
             ),
@@ -464,13 +483,13 @@ class ApplicabilityJudge(BaseJudge):
         """
         if not rules:
             return 0.0
-        shared = len(self.profile.system_prompt) + len(
+        shared = len(self._asked.system_prompt) + len(
             prompts.render_judge_input(text, self.question)
         )
         rule_parts = sum(
             len(
                 prompts.render_judge_rule(
-                    self.judged_fields(rule), self.profile.output_instruction
+                    self.judged_fields(rule), self._asked.output_instruction
                 )
             )
             for rule in rules
@@ -489,18 +508,23 @@ class ApplicabilityJudge(BaseJudge):
         structured = isinstance(output, Mapping)
         raw: BaseMessage = output["raw"] if structured else output
         parsed = output.get("parsed") if structured else None
-        if isinstance(parsed, YesNoOutput):
-            decision = ParsedVerdict(applies=parsed.verdict == "YES", reason=None)
-        elif isinstance(parsed, ApplicableOutput):
-            decision = ParsedVerdict(parsed.applicable, parsed.reason or None)
+        if isinstance(parsed, YesNoOutput | ReasonedYesNoOutput):
+            reason = parsed.reason if isinstance(parsed, ReasonedYesNoOutput) else ""
+            decision = ParsedVerdict(parsed.verdict == "YES", reason.strip() or None)
+        elif isinstance(parsed, ApplicableOutput | ReasonedApplicableOutput):
+            decision = ParsedVerdict(parsed.applicable, parsed.reason.strip() or None)
         else:
             answer = answer_text(raw)
-            parsed_text = parse_verdict(answer, schema=self.profile.output_schema)
+            parsed_text = parse_verdict(answer, schema=self._asked.output_schema)
             if parsed_text is None:
                 # Deterministic at temperature 0, so not retried.
                 return self._failed(rule, _unreadable(answer))
             decision = parsed_text
-        score = score_from_logprobs(raw) if self.logprobs else None
+        score = (
+            score_from_logprobs(raw, after_key=self._decision_key)
+            if self.logprobs
+            else None
+        )
         return Verdict(
             rule_id=rule.rule_id,
             applies=decision.applies,
@@ -595,10 +619,25 @@ class ApplicabilityJudge(BaseJudge):
         if self.cache is not None:
             await self.cache.amset(self._stored(self._keys(text, rules), verdicts))
 
+    @property
+    def _decision_key(self) -> str | None:
+        """The answer's decision key when a reason precedes it (for the score)."""
+        if not self.rationale:
+            return None
+        return (
+            "applicable"
+            if "applicable" in self._asked.output_schema.model_fields
+            else "verdict"
+        )
+
     def _log_fields(self, rule: Rule) -> dict[str, Any]:
         return {
             "model": self._identity,
-            "prompt_version": prompts.PROMPT_VERSION,
+            "prompt_version": (
+                f"{prompts.PROMPT_VERSION}+{prompts.RATIONALE_VERSION}"
+                if self.rationale
+                else prompts.PROMPT_VERSION
+            ),
             "profile": self.profile.name,
             "source": self.log_source,
             "explore": _fanout.explore_rate(rule.rule_id),

@@ -16,7 +16,12 @@ from langchain_tag._text import (
     json_objects,
     strip_thinking,
 )
-from langchain_tag.matching.profiles import ApplicableOutput, YesNoOutput
+from langchain_tag.matching.profiles import (
+    ApplicableOutput,
+    ReasonedApplicableOutput,
+    ReasonedYesNoOutput,
+    YesNoOutput,
+)
 
 
 class ParsedVerdict(NamedTuple):
@@ -97,10 +102,15 @@ class AnswerFormat:
         return None
 
     def from_prose(self, text: str) -> ParsedVerdict | None:
-        """The decision of text without a JSON one: a leading label, a keyed line."""
+        """The decision of text without a JSON one: a leading label, a keyed line.
+
+        A keyed decision keeps the answer's `reason: ...` line, if it has one.
+        """
         keyed = self._keyed.search(text)
         if keyed and keyed.start() == 0:  # "applicable: false" is not "applicable"
-            return ParsedVerdict(self.values[keyed.group(1).lower()], None)
+            return ParsedVerdict(
+                self.values[keyed.group(1).lower()], _reason_line(text)
+            )
         leading = self._leading.match(text)
         if leading:
             rest = text[leading.end() :].strip(" \t\n,.:;-*_`\"'")
@@ -108,8 +118,22 @@ class AnswerFormat:
                 self.leading[leading.group(1).lower()], rest[:500] or None
             )
         if keyed:
-            return ParsedVerdict(self.values[keyed.group(1).lower()], None)
+            return ParsedVerdict(
+                self.values[keyed.group(1).lower()], _reason_line(text)
+            )
         return _lone_label(text) if self.lone_labels else None
+
+
+# A `reason: ...` line, as a rationale written out in prose starts one.
+_REASON_LINE = re.compile(
+    r"^[\s*_`\"'>#-]*reason\b[*_`\"']*\s*[:=][*_`\"'\s]*(.*?)[*_`\"'\s,]*$",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def _reason_line(text: str) -> str | None:
+    found = _REASON_LINE.search(text)
+    return (found.group(1) or None) if found else None
 
 
 _YES_NO = {"yes": True, "no": False}
@@ -134,9 +158,18 @@ APPLICABLE_FORMAT = AnswerFormat(
     lone_labels=False,
 )
 """The constraint profile's: `{"applicable": true|false, ...}`, "(Not) applicable"."""
+# With a reason before the decision, a YES or NO in prose may be the reason's: an
+# answer cut off before its verdict must not be read from it. Only a keyed line, a
+# leading label or the JSON decide.
+REASONED_YES_NO_FORMAT = AnswerFormat(
+    ("verdict",), _YES_NO, _YES_NO, booleans=False, lone_labels=False
+)
+"""The condition profile's with a rationale: `{"reason": ..., "verdict": ...}`."""
 _FORMATS: dict[type[BaseModel], AnswerFormat] = {
     YesNoOutput: YES_NO_FORMAT,
     ApplicableOutput: APPLICABLE_FORMAT,
+    ReasonedYesNoOutput: REASONED_YES_NO_FORMAT,
+    ReasonedApplicableOutput: APPLICABLE_FORMAT,  # no lone labels already
 }
 
 
@@ -152,8 +185,9 @@ def parse_verdict(
 
     Args:
         text: The model's answer.
-        schema: The output schema the prompt asked for (`YesNoOutput` or
-            `ApplicableOutput`); only that format counts. None accepts any of them.
+        schema: The output schema the prompt asked for (`YesNoOutput`,
+            `ApplicableOutput` or their reasoned forms); only that format counts.
+            None accepts any of them.
     """
     answer_format = _FORMATS.get(schema, LENIENT_FORMAT) if schema else LENIENT_FORMAT
     cleaned = strip_thinking(text).strip()
@@ -254,13 +288,21 @@ def _verdict_position(tokens: Sequence[str], start: int) -> int | None:
     return None
 
 
-def score_from_logprobs(message: BaseMessage) -> float | None:
+def score_from_logprobs(
+    message: BaseMessage, *, after_key: str | None = None
+) -> float | None:
     """P(YES) / (P(YES) + P(NO)) at the verdict token, from OpenAI-style logprobs.
 
     Reads `response_metadata["logprobs"]["content"]`: the first verdict label after
     any `<think>` block (its first token when the tokenizer splits it, as "Y" + "ES"),
     and that token's `top_logprobs` alternatives. Returns None when the model
     returned no usable logprobs or no verdict token; never raises.
+
+    Args:
+        message: The model's answer.
+        after_key: The JSON key the decision follows (`verdict`, `applicable`), for
+            answers with a reason first: a "No" in the reason is not the verdict.
+            The label is looked for after the key's last occurrence, if any.
     """
     logprobs = message.response_metadata.get("logprobs")
     content = logprobs.get("content") if isinstance(logprobs, Mapping) else logprobs
@@ -269,7 +311,12 @@ def score_from_logprobs(message: BaseMessage) -> float | None:
     entries = [e for e in content if isinstance(e, Mapping)]
     tokens = [str(e.get("token", "")) for e in entries]
     # The decision follows a reasoning model's thinking; labels inside it are not it.
-    position = _verdict_position(tokens, end_of_thinking("".join(tokens)))
+    joined = "".join(tokens)
+    start = end_of_thinking(joined)
+    if after_key is not None:
+        key = joined.rfind(f'"{after_key}"', start)
+        start = start if key == -1 else key + len(after_key) + 2
+    position = _verdict_position(tokens, start)
     if position is None:
         return None
     entry = entries[position]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from langchain_tag.matching import prompts
 from langchain_tag.rules import Rule
@@ -48,6 +48,67 @@ class BatchApplicableOutput(BaseModel):
     verdicts: list[RuleApplicable]
 
 
+# With a rationale (`ApplicabilityJudge(rationale=True)`) the reason comes first, so
+# that the model states the decisive fact before it decides; the defaults above stay
+# as they were, byte for byte, so that their prompts and verdicts do not change.
+_REASON = "One short sentence citing the decisive fact."
+
+
+class ReasonedYesNoOutput(BaseModel):
+    """Structured output of the condition profile with a rationale: reason first."""
+
+    reason: str = Field(description=_REASON)
+    verdict: Literal["YES", "NO"]
+
+
+class ReasonedApplicableOutput(BaseModel):
+    """Structured output of the constraint profile with a rationale: reason first."""
+
+    reason: str = Field(description=_REASON)
+    applicable: bool
+
+
+class ReasonedRuleYesNo(BaseModel):
+    """One rule's reasoned verdict in a condition-profile answer on several rules."""
+
+    rule_id: str
+    reason: str = Field(description=_REASON)
+    verdict: Literal["YES", "NO"]
+
+
+class BatchReasonedYesNoOutput(BaseModel):
+    """Reasoned structured output of the condition profile judging several rules."""
+
+    verdicts: list[ReasonedRuleYesNo]
+
+
+class ReasonedRuleApplicable(BaseModel):
+    """One rule's reasoned verdict in a constraint-profile answer on several rules."""
+
+    rule_id: str
+    reason: str = Field(description=_REASON)
+    applicable: bool
+
+
+class BatchReasonedApplicableOutput(BaseModel):
+    """Reasoned structured output of the constraint profile judging several rules."""
+
+    verdicts: list[ReasonedRuleApplicable]
+
+
+_OutputSchema = type[
+    YesNoOutput | ApplicableOutput | ReasonedYesNoOutput | ReasonedApplicableOutput
+]
+"""A profile's answer to one rule."""
+_BatchOutputSchema = type[
+    BatchYesNoOutput
+    | BatchApplicableOutput
+    | BatchReasonedYesNoOutput
+    | BatchReasonedApplicableOutput
+]
+"""A profile's answer to several rules."""
+
+
 class RuleSchemaProfile(BaseModel):
     """What the judge sees of a rule, what it is told, and what it must answer.
 
@@ -62,10 +123,10 @@ class RuleSchemaProfile(BaseModel):
     system_prompt: str
     output_instruction: str
     rule_fields: tuple[str, ...]
-    output_schema: type[YesNoOutput | ApplicableOutput]
+    output_schema: _OutputSchema
     batch_output_instruction: str | None = None
     """The closing line when several rules share a call; None: one rule per call."""
-    batch_output_schema: type[BatchYesNoOutput | BatchApplicableOutput] | None = None
+    batch_output_schema: _BatchOutputSchema | None = None
 
     @property
     def batch_system_prompt(self) -> str:
@@ -82,6 +143,43 @@ class RuleSchemaProfile(BaseModel):
             msg = f"unknown rule fields in profile {self.name!r}: {sorted(unknown)}"
             raise ValueError(msg)
         return self
+
+    def with_rationale(self) -> RuleSchemaProfile:
+        """This profile asking for a one-sentence reason before each verdict.
+
+        Same name and rule fields; the system prompt ends with the reasoned format
+        (in place of its closing `Output only ...` paragraph), and the answers and
+        their schemas put `reason` first and require it. The format follows the
+        output schema: a YES/NO `verdict`, or an `applicable` boolean.
+        """
+        if issubclass(
+            self.output_schema, ReasonedYesNoOutput | ReasonedApplicableOutput
+        ):
+            return self
+        applicable = issubclass(self.output_schema, ApplicableOutput)
+        texts = prompts.CONSTRAINT_RATIONALE if applicable else prompts.JUDGE_RATIONALE
+        batched = self.batch_output_schema is not None
+        return self.model_copy(
+            update={
+                "system_prompt": prompts.rationale_system_prompt(
+                    self.system_prompt, texts.system_format
+                ),
+                "output_instruction": texts.output_instruction,
+                "output_schema": (
+                    ReasonedApplicableOutput if applicable else ReasonedYesNoOutput
+                ),
+                "batch_output_instruction": (
+                    texts.batch_output_instruction if batched else None
+                ),
+                "batch_output_schema": (
+                    None
+                    if not batched
+                    else BatchReasonedApplicableOutput
+                    if applicable
+                    else BatchReasonedYesNoOutput
+                ),
+            }
+        )
 
     def judged_fields(self, rule: Rule) -> list[tuple[str, str]]:
         """The (label, value) pairs the judge sees for `rule`, empty ones left out."""

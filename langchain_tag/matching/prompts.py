@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from langchain_tag._delimiters import data_tag, escape_delimiters
 
@@ -83,6 +84,81 @@ CONSTRAINT_BATCH_OUTPUT_INSTRUCTION = (
     'Answer with exactly {"verdicts": [{"rule_id": "<rule_id>", "applicable": '
     'true|false, "reason": "<one sentence>"}, ...]}, one entry for each rule above.'
 )
+
+# --- Stage 2: a reason before the verdict (ApplicabilityJudge(rationale=True)) -----
+#
+# Opt-in prompts of their own, so the default ones above stay byte for byte what they
+# are. The reason comes first in the answer: the model states the decisive fact, then
+# decides on it.
+
+RATIONALE_VERSION = "rationale-v1"
+"""Bumped whenever a rationale prompt changes; a component of those verdicts' keys."""
+
+RATIONALE_NOTE = """\
+Before deciding, write one short sentence that cites the decisive fact of the input, or \
+the fact it lacks; then decide. The reason comes first in the answer, the decision last."""
+"""Replaces the closing `Output only ...` paragraph of a profile's system prompt."""
+
+
+class RationaleTexts(NamedTuple):
+    """The closing lines of one answer format, with a reason before the verdict."""
+
+    system_format: str
+    """The system prompt's last line."""
+    output_instruction: str
+    """The user message's last line, one rule per call."""
+    batch_output_instruction: str
+    """The user message's last line, several rules per call."""
+
+
+JUDGE_RATIONALE = RationaleTexts(
+    system_format=(
+        'Output only {"reason": "<one short sentence citing the decisive fact>", '
+        '"verdict": "YES"|"NO"}.'
+    ),
+    output_instruction=(
+        'Answer with exactly {"reason": "<one short sentence citing the decisive '
+        'fact>", "verdict": "YES" or "NO"}, the reason first.'
+    ),
+    batch_output_instruction=(
+        'Answer with exactly {"verdicts": [{"rule_id": "<rule_id>", "reason": "<one '
+        'short sentence citing the decisive fact>", "verdict": "YES" or "NO"}, ...]}, '
+        "one entry for each rule above, each reason before its verdict."
+    ),
+)
+"""The condition profile's format (a YES/NO `verdict`) with a reason first."""
+
+CONSTRAINT_RATIONALE = RationaleTexts(
+    system_format=(
+        'Output only {"reason": "<one sentence citing the decisive fact or '
+        'exclusion>", "applicable": true|false}.'
+    ),
+    output_instruction=(
+        'Answer with exactly {"reason": "<one sentence>", "applicable": true|false}, '
+        "the reason first."
+    ),
+    batch_output_instruction=(
+        'Answer with exactly {"verdicts": [{"rule_id": "<rule_id>", "reason": "<one '
+        'sentence>", "applicable": true|false}, ...]}, one entry for each rule above, '
+        "each reason before its verdict."
+    ),
+)
+"""The constraint profile's format (an `applicable` boolean) with the reason first."""
+
+# A system prompt's closing paragraph that fixes the answer format (every built-in
+# profile's ends so); the rationale's format takes its place.
+_FORMAT_PARAGRAPH = re.compile(r"\n\nOutput only [^\n]*\Z")
+
+
+def rationale_system_prompt(system_prompt: str, system_format: str) -> str:
+    """`system_prompt` asking for a reason first, in the format `system_format`.
+
+    Its closing `Output only ...` paragraph, if any, gives way to `RATIONALE_NOTE`
+    and `system_format`; a prompt without one gets them appended.
+    """
+    base = _FORMAT_PARAGRAPH.sub("", system_prompt.rstrip())
+    return f"{base}\n\n{RATIONALE_NOTE}\n\n{system_format}"
+
 
 # --- Stage 2: several rules in one call (rules_per_call > 1; the method judges one) --
 

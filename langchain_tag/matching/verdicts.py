@@ -33,7 +33,11 @@ class Verdict(BaseModel):
         le=1.0,
         description="P(YES) / (P(YES) + P(NO)) from the model's logprobs, if any.",
     )
-    reason: str | None = None
+    reason: str | None = Field(
+        default=None,
+        description="The judge's reason, when it gave one (a constraint profile, "
+        "or `ApplicabilityJudge(rationale=True)`).",
+    )
     error: str | None = Field(
         default=None,
         description="Why the judgment failed; `applies` is then False by policy only.",

@@ -7,12 +7,14 @@
   `condition_holds` and `trigger_rulebook`.
 - `extraction`: `ExtractionFakeChatModel`, and `JudgeAndExtractorFakeChatModel` for
   every role at once.
+- `agents`: `ToolLoopFakeChatModel`, an agent's model that calls a tool, then answers.
 - `embeddings`: `HashingFakeEmbeddings`.
 - `npov`: `NPOVFakeChatModel`, judge, NPOV executor and VFR judge from known pairs.
 - `server`: `FakeOpenAIServer`, an OpenAI-compatible HTTP endpoint on loopback.
 - `notebook`: `notebook_model()`, the notebooks' real-or-fake model.
 """
 
+from langchain_tag.testing.agents import ToolLoopFakeChatModel
 from langchain_tag.testing.embeddings import HashingFakeEmbeddings
 from langchain_tag.testing.extraction import (
     ExtractionFakeChatModel,
@@ -52,6 +54,7 @@ __all__ = [
     "Refusal",
     "RuleAwareFakeChatModel",
     "ScriptedFakeChatModel",
+    "ToolLoopFakeChatModel",
     "TransientFakeError",
     "condition_holds",
     "notebook_model",

@@ -66,18 +66,35 @@ def trigger_rulebook(n: int) -> Rulebook:
     )
 
 
-def _decision(*, holds: bool, applicable: bool, reason: str) -> dict[str, Any]:
-    """A judge's JSON answer: `applicable` and `reason` if asked so, else a verdict."""
-    if applicable:
-        return {"applicable": holds, "reason": reason}
-    return {"verdict": "YES" if holds else "NO"}
+def _decision(
+    *, holds: bool, applicable: bool, reason: str, reasoned: bool = False
+) -> dict[str, Any]:
+    """A judge's JSON answer: `applicable` and `reason` if asked so, else a verdict.
+
+    `reasoned` (a rationale asked for): the reason first, then the decision.
+    """
+    decision: dict[str, Any] = (
+        {"applicable": holds} if applicable else {"verdict": "YES" if holds else "NO"}
+    )
+    if reasoned:
+        return {"reason": reason, **decision}
+    return {**decision, "reason": reason} if applicable else decision
+
+
+def _reasoned(prompt: str) -> bool:
+    """Whether the prompt's closing line asks for the reason before the decision."""
+    closing = prompt[prompt.rfind("\n") + 1 :]
+    reason = closing.find('"reason"')
+    decision = max(closing.find('"verdict"'), closing.find('"applicable"'))
+    return -1 < reason < decision
 
 
 class RuleAwareFakeChatModel(ScriptedFakeChatModel):
     """A fake judge that answers from the prompt's content, deterministically.
 
     Judge prompts get a verdict in the requested format (`{"verdict": ...}` or
-    `{"applicable": ..., "reason": ...}`), or prose when `style="prose"`. LangChain's
+    `{"applicable": ..., "reason": ...}`; the reason first when the prompt's closing
+    line asks so, as `rationale=True` does), or prose when `style="prose"`. LangChain's
     `LLMChainFilter` prompts get `YES` or `NO` by the same ground truth, the context
     standing for the condition. Any other prompt is echoed back after
     `answer_prefix`, so the model also stands in as an executor in chains and shows
@@ -123,12 +140,19 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
         text, fields = parsed
         holds, confidence = self._decide(text, fields)
         applicable = '"applicable"' in prompt
-        if applicable or self.style == "json":
-            reason = "the input shows the condition" if holds else "no decisive fact"
+        reasoned = _reasoned(prompt)
+        reason = "the input shows the condition" if holds else "no decisive fact"
+        as_json = applicable or self.style == "json"
+        if as_json:
             content = json.dumps(
-                _decision(holds=holds, applicable=applicable, reason=reason)
+                _decision(
+                    holds=holds, applicable=applicable, reason=reason, reasoned=reasoned
+                )
             )
             answers = ("true", "false") if applicable else ("YES", "NO")
+        elif reasoned:
+            content = f"Reason: {reason}.\nVerdict: {'YES' if holds else 'NO'}"
+            answers = ("YES", "NO")
         else:
             content = (
                 "Yes, the condition holds for this input."
@@ -139,7 +163,15 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
         metadata: dict[str, Any] = {}
         if self.logprobs:
             token, other = answers if holds else answers[::-1]
-            metadata["logprobs"] = {"content": _logprobs(token, other, confidence)}
+            # A reason first is written out token by token, as a model writes it.
+            lead = (
+                _reason_tokens(reason, applicable=applicable)
+                if reasoned and as_json
+                else []
+            )
+            metadata["logprobs"] = {
+                "content": lead + _logprobs(token, other, confidence)[bool(lead) :]
+            }
         return AIMessage(content, response_metadata=metadata)
 
     def _answer_batch(
@@ -147,11 +179,14 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
     ) -> str:
         """One verdict per rule block, in the format the prompt asks for."""
         applicable = '"applicable"' in prompt
+        reasoned = _reasoned(prompt)
         entries = []
         for fields in rules:
             holds, _ = self._decide(text, fields)
             reason = "the input shows it" if holds else "no"
-            decision = _decision(holds=holds, applicable=applicable, reason=reason)
+            decision = _decision(
+                holds=holds, applicable=applicable, reason=reason, reasoned=reasoned
+            )
             entries.append({"rule_id": fields.get("rule_id", ""), **decision})
         return json.dumps({"verdicts": entries})
 
@@ -211,6 +246,15 @@ class NoisyJudgeFakeChatModel(RuleAwareFakeChatModel):
             )
             raise ValueError(msg)
         return right != wrong, confidence
+
+
+def _reason_tokens(reason: str, *, applicable: bool) -> list[dict[str, Any]]:
+    """The certain tokens of `{"reason": "<reason>", "<key>": ` before the label."""
+    key = "applicable" if applicable else "verdict"
+    words = reason.split(" ")
+    pieces = ['{"reason": "', words[0], *(f" {w}" for w in words[1:])]
+    pieces.append(f'", "{key}": ' + ("" if applicable else '"'))
+    return [{"token": p, "logprob": 0.0, "top_logprobs": []} for p in pieces]
 
 
 def _logprobs(token: str, other: str, confidence: float) -> list[dict[str, Any]]:

@@ -197,6 +197,10 @@ class ScriptedFakeChatModel(BaseChatModel):
     def _answer(self, prompt: str) -> AIMessage:
         raise NotImplementedError
 
+    def _reply(self, messages: Sequence[BaseMessage], prompt: str) -> AIMessage:
+        """The answer to a call; a fake that reads the messages' roles overrides it."""
+        return self._answer(prompt)
+
     def _enter(self, messages: Sequence[BaseMessage]) -> tuple[str, Fault]:
         prompt = "\n".join(str(m.content) for m in messages)
         key = self._fault_key(prompt)
@@ -224,10 +228,16 @@ class ScriptedFakeChatModel(BaseChatModel):
                 return planned.fault
         return None
 
-    def _respond(self, prompt: str, fault: Fault) -> ChatResult:
+    def _respond(
+        self, messages: Sequence[BaseMessage], prompt: str, fault: Fault
+    ) -> ChatResult:
         if isinstance(fault, BaseException):
             raise fault
-        message = AIMessage(fault) if isinstance(fault, str) else self._answer(prompt)
+        message = (
+            AIMessage(fault)
+            if isinstance(fault, str)
+            else self._reply(messages, prompt)
+        )
         if self.call_log is not None:
             first_line = prompt.splitlines()[0][:60]
             with self._lock, self.call_log.open("a", encoding="utf-8") as log:
@@ -260,7 +270,7 @@ class ScriptedFakeChatModel(BaseChatModel):
         prompt, fault = self._enter(messages)
         try:
             self._during_call()
-            return self._respond(prompt, fault)
+            return self._respond(messages, prompt, fault)
         finally:
             self._leave()
 
@@ -274,6 +284,6 @@ class ScriptedFakeChatModel(BaseChatModel):
         prompt, fault = self._enter(messages)
         try:
             await self._aduring_call()
-            return self._respond(prompt, fault)
+            return self._respond(messages, prompt, fault)
         finally:
             self._leave()

@@ -132,6 +132,7 @@ def test_the_notebooks_are_there() -> None:
         "02_dropin_chroma_vs_tag",
         "03_rulearena_nba",
         "04_query_graph",
+        "05_agent_middleware",
     ]
 
 

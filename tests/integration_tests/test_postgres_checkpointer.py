@@ -217,7 +217,7 @@ async def test_review_paused_in_one_process_is_resumed_in_another(
         first, postgres_uri, {"query": QUERY, "documents": documents}, config, context
     )
     (pending,) = paused["__interrupt__"]
-    rules = pending.value["rules"]
+    rules = [a["args"] for a in pending.value["action_requests"]]
     assert len(rules) == 3
     assert state.next == ("review",)
     extraction_calls = model.extractor.calls
@@ -341,7 +341,7 @@ async def test_langgraph_dev_keeps_a_paused_thread_in_postgres_across_a_restart(
                 CALL_SECONDS,
             )
         (pending,) = paused["__interrupt__"]
-        rules = pending["value"]["rules"]
+        rules = [a["args"] for a in pending["value"]["action_requests"]]
         extraction_calls = model.extractor.calls
 
         # The server's checkpoints are in PostgreSQL, readable by any saver.

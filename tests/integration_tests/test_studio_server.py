@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import pytest
 
 from langchain_tag import Rulebook
+from langchain_tag.resources import curated_rulebook
 from langchain_tag.testing import (
     FakeOpenAIServer,
     JudgeAndExtractorFakeChatModel,
@@ -113,10 +114,14 @@ def ids(matches: Sequence[dict[str, Any]]) -> list[str]:
 # --- tests ----------------------------------------------------------------------------
 
 
-async def test_both_graphs_are_served(client: LangGraphClient) -> None:
+async def test_every_graph_is_served(client: LangGraphClient) -> None:
     assistants = await bounded(client.assistants.search(limit=50))
     by_graph = {a["graph_id"]: a["assistant_id"] for a in assistants}
-    assert {"tag_query", "tag_extraction"} <= set(by_graph)
+    assert {"tag_query", "tag_extraction", "tag_agent"} <= set(by_graph)
+
+    agent = await bounded(client.assistants.get_graph(by_graph["tag_agent"]))
+    nodes = {n["id"] for n in agent["nodes"]}
+    assert {"TAGMiddleware.before_agent", "model"} <= nodes
 
     query = await bounded(client.assistants.get_graph(by_graph["tag_query"]))
     nodes = {n["id"] for n in query["nodes"]}
@@ -263,3 +268,36 @@ async def test_query_run_with_documents_extracts_then_matches(
     )
     assert "__error__" not in output, output["__error__"]
     assert len(output["matches"]) == 2
+
+
+async def test_agent_run_gives_its_model_only_the_matched_actions(
+    client: LangGraphClient, fake_openai: FakeOpenAIServer
+) -> None:
+    rulebook = curated_rulebook("pep8")  # graphs/agent.py's default
+    matched = ["pep8-wildcard-import", "pep8-none-comparison-identity"]
+    question: Any = {"messages": [{"role": "user", "content": QUERY}]}
+    thread = await bounded(client.threads.create())
+    before = len(fake_openai.requests)
+    output: Any = await bounded(
+        client.runs.wait(
+            thread["thread_id"],
+            "tag_agent",
+            input=question,
+        )
+    )
+    state = await bounded(client.threads.get_state(thread["thread_id"]))
+    values: Any = state["values"]
+    assert ids(values["tag"]["matched"]) == matched
+    assert values["tag_applied_rule_ids"] == matched
+
+    # One judgment per rule, then one call of the agent's model, which got the
+    # matched actions in its system message and no rule's condition.
+    requests = fake_openai.requests[before:]
+    assert len(requests) == len(rulebook) + 1
+    system = requests[-1]["messages"][0]
+    assert system["role"] == "system"
+    for rule in rulebook.rules:
+        action = " ".join(rule.action.split())
+        assert (action in system["content"]) == (rule.rule_id in matched)
+        assert rule.condition not in system["content"]
+    assert output["messages"][-1]["type"] == "ai"

@@ -144,3 +144,29 @@ def test_four_machines_create_and_fill_one_log(uri: str, table: str) -> None:
     stats = log.stats()
     assert (stats.inputs, stats.applies) == (160, 160)
     assert (stats.inputs_with_text, stats.inputs_hashed) == (120, 40)
+
+
+def test_a_log_made_before_the_reason_column_gains_it(uri: str, table: str) -> None:
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, input_digest TEXT NOT "
+            "NULL, rule_id TEXT NOT NULL, rule_hash TEXT NOT NULL, applies BOOLEAN "
+            "NOT NULL, score DOUBLE PRECISION, error TEXT, model TEXT, prompt_version "
+            "TEXT, profile TEXT, source TEXT NOT NULL, explore DOUBLE PRECISION, "
+            "created DOUBLE PRECISION NOT NULL)"
+        )
+        conn.execute(
+            f"INSERT INTO {table} (input_digest, rule_id, rule_hash, applies, source, "  # noqa: S608
+            "created) VALUES ('d', 'R-000', 'h', true, 'judge', 1.0)"
+        )
+    log = PostgresVerdictLog(uri, table=table)
+    rule = RULES.rules[1]
+    for i in range(8):  # past psycopg's threshold for preparing a statement
+        log.record(
+            f"text {i}",
+            rule,
+            Verdict(rule_id=rule.rule_id, applies=True, reason=f"why {i}"),
+        )
+    records = list(log.records())
+    assert [r.reason for r in records] == [None] + [f"why {i}" for i in range(8)]
+    log.close()

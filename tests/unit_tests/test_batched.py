@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -14,12 +15,17 @@ from langchain_core.messages import AIMessage
 from langchain_tag import ApplicabilityJudge, Rule, Rulebook, Verdict
 from langchain_tag.matching import (
     CONDITION_PROFILE,
+    NBA_PROFILE,
     RuleSchemaProfile,
     UnreliableMatchWarning,
     constraint_profile,
 )
 from langchain_tag.matching.batched import read_batch
-from langchain_tag.matching.profiles import YesNoOutput
+from langchain_tag.matching.profiles import (
+    BatchReasonedYesNoOutput,
+    ReasonedYesNoOutput,
+    YesNoOutput,
+)
 from langchain_tag.matching.prompts import read_judge_batch
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 
@@ -219,3 +225,115 @@ def test_batches_refuse_what_they_cannot_do() -> None:
     )
     with pytest.raises(ValueError, match="no format for several rules per call"):
         ApplicabilityJudge(llm=RuleAwareFakeChatModel(), profile=bare, rules_per_call=2)
+
+
+# --- a reason before each verdict (rationale=True) ---------------------------------
+
+PINNED_TEXT = "from os import *\nprint('<input>')\n"
+PINNED_RULES = [
+    Rule(
+        rule_id="R-1",
+        name="No wildcard imports",
+        condition="A wildcard import (`import *`) is used",
+        action="Replace it",
+        tags=("imports", "style"),
+    ),
+    Rule(
+        rule_id="R-2",
+        name="Line length",
+        condition="A line is longer than `79` characters",
+        action="Wrap it",
+        applies_when="A line exceeds 79 chars",
+        constraint="Max 79",
+        violation_check="len(line) > 79",
+        does_not_apply_to="URLs",
+    ),
+]
+# Computed from the code before `rationale` existed (sha256 of the JSON below): a
+# batch without it asks, costs and is keyed exactly as before.
+PINNED = {
+    "condition": (
+        "91fbb6e15b7694b438de3549f5644259e3cc2f0f9a3cb73a3c129bf15e5ff6c7",
+        "485728212ac96c302bed18567aa5aae856608452a111cc70d3b923876222b965",
+        "cab891e3ed47508db6244995c889adb61e46c6c970831d1028d25724cab98dcd",
+    ),
+    "nba": (
+        "08718cc096fb76ac318c55a0960660b4dc86b22ddfd5faaacb92b0fb335cbae1",
+        "387a4a0b1aa06355303a11145f19d5ce18186f9190d4526f56cc63624c6e3af4",
+        "f8cfbee850fe792de7b9da3b2c4b83a8e42c61184acb4b24e0c47aab36d719c1",
+    ),
+}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.mark.parametrize("profile", [CONDITION_PROFILE, NBA_PROFILE])
+def test_without_rationale_batches_are_unchanged(profile: RuleSchemaProfile) -> None:
+    judge = ApplicabilityJudge(
+        llm=RuleAwareFakeChatModel(), profile=profile, rules_per_call=2
+    )
+    messages, key, schemas = PINNED[profile.name]
+    rendered = [
+        [type(m).__name__, m.content]
+        for m in judge.batch_messages(PINNED_TEXT, PINNED_RULES)
+    ]
+    assert _sha(json.dumps(rendered)) == messages
+    assert judge.cache_key(PINNED_TEXT, PINNED_RULES[0]) == key
+    dumped = [schema.model_json_schema() for schema in judge._schemas()]
+    assert _sha(json.dumps(dumped, sort_keys=True)) == schemas
+
+
+@pytest.mark.parametrize(
+    ("profile", "decision"),
+    [(CONDITION_PROFILE, '"verdict"'), (NBA_PROFILE, '"applicable"')],
+)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_rationale_batches_give_a_reason_per_rule(
+    profile: RuleSchemaProfile, decision: str, mode: str
+) -> None:
+    llm = RuleAwareFakeChatModel()
+    sink = ListSink()
+    judge = ApplicabilityJudge(
+        llm=llm, profile=profile, rules_per_call=4, rationale=True, verdict_log=sink
+    )
+    verdicts = await _judge(judge, "trigger-002", mode)
+    assert llm.calls == 1
+    assert [v.applies for v in verdicts] == [False, False, True, False]
+    assert [v.reason for v in verdicts] == ["no", "no", "the input shows it", "no"]
+    assert [v.reason for _, v in sink.records] == [v.reason for v in verdicts]
+    system, user = llm.prompts[0], llm.prompts[0].splitlines()[-1]
+    assert -1 < user.index('"reason"') < user.index(decision)
+    assert "several rules" in system  # the batch note, after the reasoned format
+    plain = ApplicabilityJudge(llm=llm, profile=profile, rules_per_call=4)
+    assert judge.cache_key("x", PINNED_RULES[0]) != plain.cache_key(
+        "x", PINNED_RULES[0]
+    )
+
+
+def test_rationale_batch_schema_puts_the_reason_before_each_verdict() -> None:
+    judge = ApplicabilityJudge(
+        llm=RuleAwareFakeChatModel(), rules_per_call=2, rationale=True
+    )
+    single, batch = judge._schemas()
+    assert (single, batch) == (ReasonedYesNoOutput, BatchReasonedYesNoOutput)
+    entry = batch.model_json_schema()["$defs"]["ReasonedRuleYesNo"]
+    assert list(entry["properties"]) == ["rule_id", "reason", "verdict"]
+    assert set(entry["required"]) == {"rule_id", "reason", "verdict"}
+    # A structured answer's reasons are read too.
+    parsed = BatchReasonedYesNoOutput.model_validate(
+        {
+            "verdicts": [
+                {"rule_id": "R-1", "reason": "It imports *.", "verdict": "YES"},
+                {"rule_id": "R-2", "reason": "No long line.", "verdict": "NO"},
+            ]
+        }
+    )
+    read = read_batch(
+        judge.asked_profile, PINNED_RULES, {"raw": AIMessage(""), "parsed": parsed}
+    )
+    assert {r: (v.applies, v.reason) for r, v in read.items()} == {
+        "R-1": (True, "It imports *."),
+        "R-2": (False, "No long line."),
+    }

@@ -242,7 +242,7 @@ class OverlapFakeChatModel(ExtractionFakeChatModel):
                 await asyncio.wait_for(self._full.wait(), self.patience)
             except TimeoutError:
                 self._full.set()  # give up holding calls back
-            return self._respond(prompt, fault)
+            return self._respond(messages, prompt, fault)
         finally:
             self._leave()
 
@@ -1159,14 +1159,14 @@ class StoppingFake(ExtractionFakeChatModel):
     # Calls are numbered and logged in one order. Call `stop_at` is logged, says so
     # on stdout and never answers; later calls stop before being logged: the test
     # kills the process there. 0 never stops.
-    def _respond(self, prompt, fault):
+    def _respond(self, messages, prompt, fault):
         global made
         with numbering:
             made += 1
             if not int(stop_at) or made < int(stop_at):
-                return super()._respond(prompt, fault)
+                return super()._respond(messages, prompt, fault)
             if made == int(stop_at):
-                super()._respond(prompt, fault)
+                super()._respond(messages, prompt, fault)
                 print("stopped", flush=True)
         threading.Event().wait()
 

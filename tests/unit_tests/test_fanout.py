@@ -197,7 +197,7 @@ class HeldUntilCancelled(RuleAwareFakeChatModel):
                 except asyncio.CancelledError:
                     self.cancelled.append(_rule_id(messages))
                     raise
-            return self._respond(prompt, fault)
+            return self._respond(messages, prompt, fault)
         finally:
             self._leave()
 

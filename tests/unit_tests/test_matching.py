@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import math
 import random
 import re
 import string
 import time
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,7 +20,7 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_openai import ChatOpenAI
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from langchain_tag import (
     ApplicabilityJudge,
@@ -37,7 +40,12 @@ from langchain_tag.matching import (
 )
 from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.matching.parsing import parse_verdict, score_from_logprobs
-from langchain_tag.matching.profiles import YesNoOutput
+from langchain_tag.matching.profiles import (
+    ApplicableOutput,
+    ReasonedApplicableOutput,
+    ReasonedYesNoOutput,
+    YesNoOutput,
+)
 from langchain_tag.matching.prompts import JUDGE_OUTPUT_INSTRUCTION, JUDGE_SYSTEM
 from langchain_tag.models import CallRetry
 from langchain_tag.testing import (
@@ -139,9 +147,9 @@ def test_temperature_is_zero_by_default() -> None:
     class TemperatureRecorder(RuleAwareFakeChatModel):
         temperature: float = 0.7
 
-        def _respond(self, prompt: str, fault: Any) -> Any:
+        def _respond(self, messages: Any, prompt: str, fault: Any) -> Any:
             seen.append(self.temperature)
-            return super()._respond(prompt, fault)
+            return super()._respond(messages, prompt, fault)
 
     llm = TemperatureRecorder()
     ApplicabilityJudge(llm=llm).invoke(("trigger-000", make_rules(1)[0]))
@@ -736,3 +744,185 @@ async def test_limiter_survives_cancelled_waiters() -> None:
     assert not limiter._waiting
     with limiter.hold():  # and the slot is usable from a thread again
         assert limiter._in_use == 1
+
+
+# --- a reason before the verdict (rationale=True) ----------------------------------
+
+PINNED_TEXT = "from os import *\nprint('<input>')\n"
+PINNED_RULE = Rule(
+    rule_id="R-1",
+    name="No wildcard imports",
+    condition="A wildcard import (`import *`) is used",
+    action="Replace it",
+    tags=("imports", "style"),
+)
+
+
+def _sha(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def _rendered(messages: Sequence[BaseMessage]) -> list[list[object]]:
+    return [[type(m).__name__, m.content] for m in messages]
+
+
+# Computed from the code before `rationale` existed: without it, prompts, structured
+# output schemas (hence token counts) and cache keys must stay exactly these, or
+# every verdict cached so far would be judged again, perhaps differently.
+PINNED = {
+    "condition": (
+        "8ce7251763f7602e51bd3fd96ef61bcee7aa731ebc059a049cd1752b8aaff896",
+        "6eda9a41bf97e214a615fdd43bd05f4ea6c060fd92daa55c33713534f8bf940a",
+    ),
+    "nba": (
+        "0140923554b04a3c6389f5ea5c7b73b4dca1921039c524712d3c9e04f31613d5",
+        "655a47c48a24c8c9852095815be7704cc07f14950de65f3c261a7a017a7aed33",
+    ),
+}
+PINNED_SCHEMAS = {
+    YesNoOutput: {
+        "description": "Structured output of the condition profile.",
+        "properties": {
+            "verdict": {"enum": ["YES", "NO"], "title": "Verdict", "type": "string"}
+        },
+        "required": ["verdict"],
+        "title": "YesNoOutput",
+        "type": "object",
+    },
+    ApplicableOutput: {
+        "description": "Structured output of the constraint profile.",
+        "properties": {
+            "applicable": {"title": "Applicable", "type": "boolean"},
+            "reason": {"title": "Reason", "type": "string"},
+        },
+        "required": ["applicable", "reason"],
+        "title": "ApplicableOutput",
+        "type": "object",
+    },
+}
+
+
+@pytest.mark.parametrize("profile", [CONDITION_PROFILE, NBA_PROFILE])
+def test_without_rationale_prompts_schemas_and_keys_are_unchanged(
+    profile: RuleSchemaProfile,
+) -> None:
+    judge = ApplicabilityJudge(llm=RuleAwareFakeChatModel(), profile=profile)
+    messages, key = PINNED[profile.name]
+    # Rendered as the pins were: json.dumps of [[class name, content], ...].
+    rendered = json.dumps(_rendered(judge.messages(PINNED_TEXT, PINNED_RULE)))
+    assert hashlib.sha256(rendered.encode()).hexdigest() == messages
+    assert judge.cache_key(PINNED_TEXT, PINNED_RULE) == key
+    (schema,) = judge._schemas()
+    assert schema is profile.output_schema
+    assert schema.model_json_schema() == PINNED_SCHEMAS[schema]
+    assert judge.asked_profile is profile
+    assert (
+        ApplicabilityJudge(
+            llm=RuleAwareFakeChatModel(), profile=profile, rationale=False
+        ).cache_key(PINNED_TEXT, PINNED_RULE)
+        == key
+    )
+
+
+@pytest.mark.parametrize(
+    ("profile", "decision", "schema"),
+    [
+        (CONDITION_PROFILE, '"verdict"', ReasonedYesNoOutput),
+        (NBA_PROFILE, '"applicable"', ReasonedApplicableOutput),
+    ],
+)
+def test_rationale_asks_for_the_reason_before_the_decision(
+    profile: RuleSchemaProfile, decision: str, schema: type[BaseModel]
+) -> None:
+    plain = ApplicabilityJudge(llm=RuleAwareFakeChatModel(), profile=profile)
+    judge = ApplicabilityJudge(
+        llm=RuleAwareFakeChatModel(), profile=profile, rationale=True
+    )
+    system, user = (str(m.content) for m in judge.messages(PINNED_TEXT, PINNED_RULE))
+    for closing in (system.splitlines()[-1], user.splitlines()[-1]):
+        assert -1 < closing.index('"reason"') < closing.index(decision)
+    # One format: the profile's closing format paragraph gave way to the reasoned
+    # one; the instructions before it stay.
+    assert system.count("Output only") == 1
+    assert system.startswith(profile.system_prompt.rsplit("\n\n", 1)[0] + "\n\n")
+    assert PINNED_RULE.action not in system + user
+    # The schema puts the reason first and requires it.
+    (asked,) = judge._schemas()
+    assert asked is schema
+    assert next(iter(asked.model_json_schema()["properties"])) == "reason"
+    assert "reason" in asked.model_json_schema()["required"]
+    with pytest.raises(ValidationError):
+        asked.model_validate({decision.strip('"'): "YES"})
+    # Another prompt, other verdicts: its own cache keys, and its own log version.
+    assert judge.cache_key(PINNED_TEXT, PINNED_RULE) != plain.cache_key(
+        PINNED_TEXT, PINNED_RULE
+    )
+    assert judge.asked_profile.name == profile.name
+    assert judge.remade(retry=None).rationale
+
+
+@pytest.mark.parametrize("style", ["json", "prose"])
+@pytest.mark.parametrize("profile", [CONDITION_PROFILE, NBA_PROFILE])
+def test_rationale_reasons_reach_the_verdict(
+    profile: RuleSchemaProfile, style: str
+) -> None:
+    llm = RuleAwareFakeChatModel(style=style)
+    judge = ApplicabilityJudge(llm=llm, profile=profile, rationale=True)
+    rule = make_rules(1)[0]
+    yes, no = judge.judge_rules("has trigger-000", [rule]), judge.invoke(("x", rule))
+    # Prose keeps the sentence's full stop: "Reason: no decisive fact."
+    end = "." if style == "prose" and profile is CONDITION_PROFILE else ""
+    assert yes[0].applies
+    assert yes[0].reason == "the input shows the condition" + end
+    assert (no.applies, no.reason) == (False, "no decisive fact" + end)
+    assert '{"reason": "' in llm.prompts[0]
+
+
+def test_rationale_reads_structured_output_with_the_reason_first() -> None:
+    llm = SDKStructuredFake()
+    judge = ApplicabilityJudge(llm=llm, rationale=True, cache=None)
+    verdict = judge.invoke(("trigger-000", make_rules(1)[0]))
+    assert llm.structured_calls == ["ReasonedYesNoOutput"]
+    assert (verdict.applies, verdict.reason) == (True, "the input shows the condition")
+
+
+def test_a_long_reason_keeps_its_verdict_and_a_cut_one_is_no_no() -> None:
+    rule = make_rules(1)[0]
+    reason = " ".join(["The input has no wildcard import but it does say YES."] * 40)
+    long_answer = json.dumps({"reason": reason, "verdict": "YES"})
+    cut = '{"reason": "The input shows NO wildcard import and'
+    llm = RuleAwareFakeChatModel(faults={rule.rule_id: [long_answer, cut]})
+    judge = ApplicabilityJudge(
+        llm=llm, rationale=True, cache=None, on_error="not_applicable"
+    )
+    verdict = judge.invoke(("x", rule))
+    assert (verdict.applies, verdict.reason) == (True, reason)  # kept whole
+    with pytest.warns(UnreliableMatchWarning):
+        truncated = judge.invoke(("x", rule))
+    # An answer cut off before its verdict decided nothing: failed, not a NO read
+    # from its reason.
+    assert truncated.failed
+
+
+def test_rationale_scores_read_the_verdict_token_not_the_reason() -> None:
+    rule = make_rules(1)[0]
+    llm = RuleAwareFakeChatModel(logprobs=True, confidence=0.8)
+    judge = ApplicabilityJudge(llm=llm, logprobs=True, rationale=True)
+    no = judge.invoke(("x", rule))
+    # The reason "no decisive fact" starts with a "no" token; the verdict follows.
+    assert no.reason == "no decisive fact"
+    assert no.score == pytest.approx(0.2)
+    assert judge.invoke(("trigger-000", rule)).score == pytest.approx(0.8)
+
+
+def test_rationale_reasons_reach_the_retrievers_documents(
+    pep8_rulebook: Rulebook,
+) -> None:
+    judge = ApplicabilityJudge(llm=RuleAwareFakeChatModel(), rationale=True)
+    docs = TAGRetriever(rulebook=pep8_rulebook, judge=judge).invoke(WILDCARD_CODE)
+    assert docs
+    assert {d.metadata["reason"] for d in docs} == {"the input shows the condition"}
+    plain = ApplicabilityJudge(llm=RuleAwareFakeChatModel())
+    plain_docs = TAGRetriever(rulebook=pep8_rulebook, judge=plain).invoke(WILDCARD_CODE)
+    assert [d.id for d in plain_docs] == [d.id for d in docs]
+    assert all(d.metadata.get("reason") is None for d in plain_docs)

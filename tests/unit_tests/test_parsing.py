@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage
+from pydantic import BaseModel
 
 from langchain_tag.matching.parsing import parse_verdict, score_from_logprobs
+from langchain_tag.matching.profiles import (
+    ReasonedApplicableOutput,
+    ReasonedYesNoOutput,
+    YesNoOutput,
+)
 
 
 def _lp(token: str, probability: float) -> dict[str, Any]:
@@ -40,6 +47,67 @@ def test_negated_yes_is_not_a_yes() -> None:
 def test_echoed_question_is_not_the_decision(answer: str) -> None:
     parsed = parse_verdict(answer)
     assert parsed is None or parsed.applies is False
+
+
+# --- answers with a reason first (rationale=True) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "schema", "applies"),
+    [
+        (
+            '{"reason": "No wildcard import is used.", "verdict": "NO"}',
+            ReasonedYesNoOutput,
+            False,
+        ),
+        (
+            '```json\n{"reason": "NO name is listed.", "verdict": "YES"}\n```',
+            ReasonedYesNoOutput,
+            True,
+        ),
+        (
+            '{"reason": "A sign-and-trade is proposed.", "applicable": true}',
+            ReasonedApplicableOutput,
+            True,
+        ),
+    ],
+)
+def test_reasoned_answers_give_their_decision_and_reason(
+    answer: str,
+    schema: type[BaseModel],
+    applies: bool,  # noqa: FBT001 - parametrized
+) -> None:
+    parsed = parse_verdict(answer, schema=schema)
+    assert parsed is not None
+    assert parsed.applies is applies
+    assert parsed.reason is not None
+    assert parsed.reason in answer
+
+
+def test_a_long_reason_is_kept_whole() -> None:
+    reason = "The input imports every name of os, so the condition holds. " * 50
+    answer = json.dumps({"reason": reason, "verdict": "YES"})
+    parsed = parse_verdict(answer, schema=ReasonedYesNoOutput)
+    assert parsed == (True, reason.strip())
+
+
+def test_an_answer_cut_before_its_verdict_is_no_decision() -> None:
+    cut = '{"reason": "The input has NO wildcard import, only'
+    assert parse_verdict(cut, schema=ReasonedYesNoOutput) is None
+    # Without a reason asked for, a lone NO still decides, as it always did.
+    assert parse_verdict(cut, schema=YesNoOutput) == (False, None)
+
+
+def test_a_reason_written_out_in_prose_is_kept() -> None:
+    answer = "**Reason:** the input uses `from os import *`.\n**Verdict:** YES"
+    assert parse_verdict(answer, schema=ReasonedYesNoOutput) == (
+        True,
+        "the input uses `from os import *`.",
+    )
+    assert parse_verdict("verdict: NO\nreason: nothing matches") == (
+        False,
+        "nothing matches",
+    )
 
 
 # --- logprob scores ----------------------------------------------------------------
@@ -104,3 +172,20 @@ def test_logprob_score_needs_a_whole_label_word() -> None:
         ("NO", [_lp("NO", 0.9)]), ("T", []), (" the", []), (" T", []), ("he", [])
     )
     assert score_from_logprobs(message) is None
+
+
+def test_logprob_score_after_a_reason_reads_the_verdict_token() -> None:
+    # The reason's "No" comes first; the verdict is the label after the key.
+    message = _tokens_message(
+        ('{"reason": "', []),
+        ("No", [_lp("No", 0.99)]),
+        (" import is starred", []),
+        ('", "verdict": "', []),
+        ("NO", [_lp("NO", 0.7), _lp("YES", 0.3)]),
+        ('"}', []),
+    )
+    assert score_from_logprobs(message) == pytest.approx(0.0)  # the reason's "No"
+    assert score_from_logprobs(message, after_key="verdict") == pytest.approx(0.3)
+    # No such key (a verdict alone): read as before.
+    plain = _tokens_message(("YES", [_lp("YES", 0.6), _lp("NO", 0.4)]))
+    assert score_from_logprobs(plain, after_key="verdict") == pytest.approx(0.6)

@@ -8,6 +8,7 @@ echoes any other prompt (so the executor's answer shows what it was given).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -26,6 +27,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import RunnableConfig
 from langgraph.cache.memory import InMemoryCache
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command
@@ -472,7 +474,28 @@ def start_review(
         {"query": DOCS_QUERY, "documents": style_guide()}, config, context=context
     )
     (interrupt,) = result["__interrupt__"]
-    return config, interrupt.value["rules"]
+    return config, [action["args"] for action in interrupt.value["action_requests"]]
+
+
+def reviewing(
+    checkpointer: BaseCheckpointSaver[Any] | None = None,
+) -> tuple[
+    JudgeAndExtractorFakeChatModel,
+    Any,
+    QueryContext,
+    RunnableConfig,
+    list[dict[str, Any]],
+]:
+    """A graph with a checkpointer, run until the review of its extracted rules.
+
+    Returns:
+        The model, the graph, the context, the thread's config and the rules shown.
+    """
+    model = JudgeAndExtractorFakeChatModel()
+    graph = build_query_graph(checkpointer=checkpointer or InMemorySaver())
+    context = QueryContext(judge_model=model, review=True)
+    config, rules = start_review(graph, context)
+    return model, graph, context, config, rules
 
 
 def test_review_pauses_with_the_extracted_rules() -> None:
@@ -487,12 +510,29 @@ def test_review_pauses_with_the_extracted_rules() -> None:
 
     assert set(result) == {"__interrupt__"}
     (interrupt,) = result["__interrupt__"]
-    assert "Approve, edit or drop" in interrupt.value["message"]
-    rules = interrupt.value["rules"]
-    assert len(rules) == 4
+    # LangChain's HITL request, as Studio and Agent Chat UI read it.
+    request = interrupt.value
+    assert set(request) == {"action_requests", "review_configs", "problem"}
+    assert request["problem"] is None
+    assert request["review_configs"] == [
+        {"action_name": "keep_rule", "allowed_decisions": ["approve", "edit", "reject"]}
+    ]
+    actions = request["action_requests"]
+    assert [a["name"] for a in actions] == ["keep_rule"] * 4
+    rules = [a["args"] for a in actions]
     assert rules == [
         r.model_dump(mode="json") for r in graph.get_state(config).values["rules"]
     ]
+    wildcard = rule_with(rules, "from os import *")
+    (description,) = [
+        a["description"] for a in actions if a["args"]["rule_id"] == wildcard["rule_id"]
+    ]
+    assert description == (
+        f"[{wildcard['rule_id']}] {wildcard['name']}: "
+        f"{' '.join(wildcard['condition'].split())} \N{RIGHTWARDS ARROW} "
+        f"{' '.join(wildcard['action'].split())}"
+    )
+    assert "\n" not in description
     snapshot = graph.get_state(config)
     assert snapshot.next == ("review",)
     assert judge_prompts(model.judge) == []  # nothing judged before the review
@@ -500,10 +540,7 @@ def test_review_pauses_with_the_extracted_rules() -> None:
 
 @pytest.mark.parametrize("approval", [True, {"approve": True}])
 def test_review_approved_keeps_every_rule(approval: object) -> None:
-    model = JudgeAndExtractorFakeChatModel()
-    graph = build_query_graph(checkpointer=InMemorySaver())
-    context = QueryContext(judge_model=model, review=True)
-    config, rules = start_review(graph, context)
+    model, graph, context, config, rules = reviewing()
     extraction_calls = model.extractor.calls
 
     output = graph.invoke(Command(resume=approval), config, context=context)
@@ -515,10 +552,7 @@ def test_review_approved_keeps_every_rule(approval: object) -> None:
 
 
 def test_review_drop_removes_the_rule() -> None:
-    model = JudgeAndExtractorFakeChatModel()
-    graph = build_query_graph(checkpointer=InMemorySaver())
-    context = QueryContext(judge_model=model, review=True)
-    config, rules = start_review(graph, context)
+    model, graph, context, config, rules = reviewing()
     dropped = rule_with(rules, "from os import *")["rule_id"]
 
     output = graph.invoke(Command(resume={"drop": [dropped]}), config, context=context)
@@ -541,10 +575,7 @@ def test_state_types_survive_the_checkpoint(
         if allowed == "named"
         else JsonPlusSerializer(allowed_msgpack_modules=None)
     )
-    model = JudgeAndExtractorFakeChatModel()
-    graph = build_query_graph(checkpointer=InMemorySaver(serde=serde))
-    context = QueryContext(judge_model=model, review=True)
-    config, rules = start_review(graph, context)
+    _model, graph, context, config, rules = reviewing(InMemorySaver(serde=serde))
     dropped = rule_with(rules, "from os import *")["rule_id"]
     with caplog.at_level(logging.WARNING, logger="langgraph"):
         output = graph.invoke(
@@ -578,10 +609,7 @@ def test_review_decision_applies_when_the_resume_has_no_context() -> None:
 
 
 def test_review_edited_rules_change_what_matches() -> None:
-    model = JudgeAndExtractorFakeChatModel()
-    graph = build_query_graph(checkpointer=InMemorySaver())
-    context = QueryContext(judge_model=model, review=True)
-    config, rules = start_review(graph, context)
+    _model, graph, context, config, rules = reviewing()
     wildcard = rule_with(rules, "from os import *")
     bare_except = rule_with(rules, "except:")
     new_code = rule_with(rules, "parse_record")
@@ -603,19 +631,27 @@ def test_review_edited_rules_change_what_matches() -> None:
 
 
 def _asked_again(graph: Any, config: Any, context: QueryContext, bad: object) -> str:
-    """Resume with a bad answer; the review must pause again and say what was wrong."""
+    """Resume with a bad answer; the review must pause again and say what was wrong.
+
+    The problem is in the payload's `problem`, and leads every action's description
+    (what Agent Chat UI shows); the actions are the same rules as before.
+    """
+    before = graph.get_state(config).interrupts[0].value["action_requests"]
     result = graph.invoke(Command(resume=bad), config, context=context)
     (pending,) = result["__interrupt__"]
-    assert pending.value["rules"]
-    assert "Resume with True" in pending.value["how"]
-    return str(pending.value["problem"])
+    problem = pending.value["problem"]
+    assert isinstance(problem, str)
+    actions = pending.value["action_requests"]
+    assert [a["args"] for a in actions] == [a["args"] for a in before]
+    for action, first in zip(actions, before, strict=True):
+        assert action["description"] == (
+            f"Previous answer not applied: {problem}\n\n{first['description']}"
+        )
+    return problem
 
 
 def test_review_edited_rules_must_be_valid_rules() -> None:
-    model = JudgeAndExtractorFakeChatModel()
-    graph = build_query_graph(checkpointer=InMemorySaver())
-    context = QueryContext(judge_model=model, review=True)
-    config, _ = start_review(graph, context)
+    model, graph, context, config, _ = reviewing()
     bad = {"rules": [{"rule_id": "R-1", "name": "No condition"}]}
     assert "condition" in _asked_again(graph, config, context, bad)
     assert judge_prompts(model.judge) == []
@@ -627,29 +663,21 @@ def test_review_edited_rules_must_be_valid_rules() -> None:
     ids=["str", "false", "int", "list", "approve-false", "typo"],
 )
 def test_review_bad_answers_are_asked_again(bad: object) -> None:
-    model = JudgeAndExtractorFakeChatModel()
-    graph = build_query_graph(checkpointer=InMemorySaver())
-    context = QueryContext(judge_model=model, review=True)
-    config, _ = start_review(graph, context)
+    model, graph, context, config, _ = reviewing()
     problem = _asked_again(graph, config, context, bad)
     assert "Unreadable review answer" in problem
+    assert query_graph.REVIEW_HELP in problem
     assert judge_prompts(model.judge) == []
 
 
 def test_review_dropping_an_unknown_rule_is_asked_again() -> None:
-    model = JudgeAndExtractorFakeChatModel()
-    graph = build_query_graph(checkpointer=InMemorySaver())
-    context = QueryContext(judge_model=model, review=True)
-    config, _ = start_review(graph, context)
+    _model, graph, context, config, _ = reviewing()
     problem = _asked_again(graph, config, context, {"drop": ["no-such-rule"]})
     assert "no-such-rule" in problem
 
 
 def test_review_can_be_resumed_again_after_a_bad_value() -> None:
-    model = JudgeAndExtractorFakeChatModel()
-    graph = build_query_graph(checkpointer=InMemorySaver())
-    context = QueryContext(judge_model=model, review=True)
-    config, _ = start_review(graph, context)
+    _model, graph, context, config, _ = reviewing()
     assert "'nope'" in _asked_again(graph, config, context, "nope")
 
     output = graph.invoke(Command(resume=True), config, context=context)
@@ -658,10 +686,7 @@ def test_review_can_be_resumed_again_after_a_bad_value() -> None:
 
 
 def test_review_drop_of_a_related_rule() -> None:
-    model = JudgeAndExtractorFakeChatModel()
-    graph = build_query_graph(checkpointer=InMemorySaver())
-    context = QueryContext(judge_model=model, review=True)
-    config, rules = start_review(graph, context)
+    _model, graph, context, config, rules = reviewing()
     new_code = rule_with(rules, "parse_record")
     old_code = rule_with(rules, "read_file")
     assert old_code["relations"][0]["other_rule_id"] == new_code["rule_id"]
@@ -671,6 +696,193 @@ def test_review_drop_of_a_related_rule() -> None:
     )
 
     assert output["cost"]["rules"] == 3
+
+
+APPROVE = {"type": "approve"}
+
+
+def decisions_for(
+    rules: Sequence[Mapping[str, Any]], **by_id: dict[str, Any]
+) -> dict[str, Any]:
+    """LangChain's resume value: the decision given for a rule id, else approve."""
+    return {"decisions": [by_id.get(r["rule_id"], APPROVE) for r in rules]}
+
+
+def edit(rule: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": "edit", "edited_action": {"name": "keep_rule", "args": rule}}
+
+
+def test_review_decisions_approve_every_rule() -> None:
+    _model, graph, context, config, rules = reviewing()
+
+    output = graph.invoke(
+        Command(resume={"decisions": [APPROVE] * 4}), config, context=context
+    )
+
+    expected = [rule_with(rules, "from os import *"), rule_with(rules, "except:")]
+    assert ids(output["matches"]) == ids(expected)
+    assert output["cost"]["rules"] == output["cost"]["judgments"] == 4
+    assert [
+        r.model_dump(mode="json") for r in graph.get_state(config).values["rules"]
+    ] == rules
+
+
+def test_review_decisions_edit_changes_what_matches() -> None:
+    _model, graph, context, config, rules = reviewing()
+    wildcard = rule_with(rules, "from os import *")
+    bare_except = rule_with(rules, "except:")
+    new_code = rule_with(rules, "parse_record")
+    # The wildcard rule no longer applies to the query; the naming rule now does.
+    answer = decisions_for(
+        rules,
+        **{
+            wildcard["rule_id"]: edit(
+                {**wildcard, "condition": "The input contains `print(`"}
+            ),
+            new_code["rule_id"]: edit(
+                {**new_code, "condition": "The input contains `f()`"}
+            ),
+        },
+    )
+
+    output = graph.invoke(Command(resume=answer), config, context=context)
+
+    assert ids(output["matches"]) == [bare_except["rule_id"], new_code["rule_id"]]
+    stored = {r.rule_id: r for r in graph.get_state(config).values["rules"]}
+    assert stored[wildcard["rule_id"]].condition == "The input contains `print(`"
+    assert len(stored) == 4
+
+
+def test_review_decisions_reject_drops_the_rule_and_relations_to_it() -> None:
+    model, graph, context, config, rules = reviewing()
+    wildcard = rule_with(rules, "from os import *")
+    new_code = rule_with(rules, "parse_record")
+    old_code = rule_with(rules, "read_file")
+    assert old_code["relations"][0]["other_rule_id"] == new_code["rule_id"]
+    answer = decisions_for(
+        rules,
+        **{
+            wildcard["rule_id"]: {"type": "reject", "message": "too broad"},
+            new_code["rule_id"]: {"type": "reject"},
+        },
+    )
+
+    output = graph.invoke(Command(resume=answer), config, context=context)
+
+    assert ids(output["matches"]) == [rule_with(rules, "except:")["rule_id"]]
+    assert output["cost"]["rules"] == output["cost"]["judgments"] == 2
+    assert not any(wildcard["rule_id"] in p for p in model.judge.prompts)
+    stored = {r.rule_id: r for r in graph.get_state(config).values["rules"]}
+    assert set(stored) == {rule_with(rules, "except:")["rule_id"], old_code["rule_id"]}
+    assert stored[old_code["rule_id"]].relations == ()
+
+
+def test_review_wrong_decision_count_is_asked_again_then_applied() -> None:
+    model, graph, context, config, rules = reviewing()
+
+    problem = _asked_again(graph, config, context, {"decisions": [APPROVE] * 3})
+
+    assert "Expected 4 decisions" in problem
+    assert "got 3" in problem
+    assert judge_prompts(model.judge) == []
+    dropped = rule_with(rules, "from os import *")["rule_id"]
+    answer = decisions_for(rules, **{dropped: {"type": "reject"}})
+    output = graph.invoke(Command(resume=answer), config, context=context)
+    assert ids(output["matches"]) == [rule_with(rules, "except:")["rule_id"]]
+    assert output["cost"]["rules"] == 3
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        (
+            {"decisions": [{"type": "accept"}] * 4},
+            "decisions[0] (for action 'keep_rule') has unknown type 'accept'",
+        ),
+        (
+            {"decisions": [{"type": "respond", "message": "ok"}] * 4},
+            "'respond' is not allowed",
+        ),
+        (
+            {"decisions": [edit({"rule_id": "R-1", "name": "No condition"})] * 4},
+            "decisions[0]: the edited args are not a valid rule",
+        ),
+        (
+            {
+                "decisions": [
+                    {
+                        "type": "edit",
+                        "edited_action": {"name": "drop_rule", "args": {}},
+                    }
+                ]
+                * 4
+            },
+            "not rename the action 'keep_rule'",
+        ),
+        (
+            {"decisions": [APPROVE] * 4, "drop": ["x"]},
+            "not with ['drop'] as well",
+        ),
+    ],
+    ids=["unknown-type", "respond", "invalid-rule", "renamed", "mixed"],
+)
+def test_review_bad_decisions_are_asked_again(bad: object, says: str) -> None:
+    model, graph, context, config, _ = reviewing()
+    assert says in _asked_again(graph, config, context, bad)
+    assert judge_prompts(model.judge) == []
+
+
+def test_review_edit_reads_lists_and_objects_sent_as_json_text() -> None:
+    """Agent Chat UI sends each edited arg as the text of its box."""
+    _model, graph, context, config, rules = reviewing()
+    old_code = rule_with(rules, "read_file")
+    as_text = {
+        **old_code,
+        "tags": '["naming", "legacy"]',
+        "relations": json.dumps(old_code["relations"]),
+        "metadata": '{"owner": "style"}',
+        "name": "[1, 2]",  # a text field stays text, even when it reads as JSON
+    }
+
+    graph.invoke(
+        Command(resume=decisions_for(rules, **{old_code["rule_id"]: edit(as_text)})),
+        config,
+        context=context,
+    )
+
+    stored = {r.rule_id: r for r in graph.get_state(config).values["rules"]}
+    edited = stored[old_code["rule_id"]]
+    assert edited.tags == ("naming", "legacy")
+    assert edited.metadata == {"owner": "style"}
+    assert edited.name == "[1, 2]"
+    assert [r.model_dump(mode="json") for r in edited.relations] == old_code[
+        "relations"
+    ]
+
+
+def test_apply_review_an_edit_may_take_a_rejected_rules_id() -> None:
+    """Relations to a rejected id survive when an edited rule takes that id."""
+    rules = [
+        Rule(rule_id="a", name="A", condition="c", action="x").model_dump(mode="json"),
+        Rule(
+            rule_id="b",
+            name="B",
+            condition="c",
+            action="y",
+            relations=({"relationship": "overlap", "other_rule_id": "a"},),
+        ).model_dump(mode="json"),
+        Rule(rule_id="c", name="C", condition="c", action="z").model_dump(mode="json"),
+    ]
+    answer = {
+        "decisions": [
+            {"type": "reject"},
+            APPROVE,
+            edit({**rules[2], "rule_id": "a"}),
+        ]
+    }
+    reviewed = query_graph.apply_review(rules, answer)
+    assert [r["rule_id"] for r in reviewed] == ["b", "a"]
+    assert reviewed[0]["relations"][0]["other_rule_id"] == "a"
 
 
 def test_review_applies_to_extracted_rules_only(
@@ -849,6 +1061,17 @@ def test_without_logprobs_matches_carry_no_score(pep8_json: dict[str, Any]) -> N
     )
     assert ids(output["matches"]) == MATCHED  # no score counts as 1.0
     assert all(m["score"] is None for m in output["matches"])
+
+
+def test_a_rationale_lands_in_the_matches(pep8_json: dict[str, Any]) -> None:
+    judge = RuleAwareFakeChatModel()
+    output = build_query_graph().invoke(
+        {"query": QUERY, "rulebook": pep8_json},
+        context=QueryContext(judge_model=judge, rationale=True),
+    )
+    assert ids(output["matches"]) == MATCHED
+    assert all(m["reason"] for m in output["matches"])
+    assert all('"reason"' in prompt for prompt in judge.prompts[:-1])
 
 
 def test_logprobs_need_a_model_with_the_option(pep8_json: dict[str, Any]) -> None:

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from langchain_tag import Rule, Rulebook, Verdict
+from langchain_tag import ApplicabilityJudge, Rule, Rulebook, Verdict
+from langchain_tag._text import digest
 from langchain_tag.cli import verdicts as verdicts_cli
 from langchain_tag.cli.errors import CommandError
 from langchain_tag.learning.learned_prefilter import (
@@ -36,7 +37,8 @@ from langchain_tag.learning.verdict_log import (
     VerdictRecord,
     open_verdict_log,
 )
-from langchain_tag.testing import trigger_rulebook
+from langchain_tag.matching.prompts import PROMPT_VERSION, RATIONALE_VERSION
+from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 
 RULES = trigger_rulebook(4)
 PRIVATE_INPUT = "the confidential input mentions trigger-001 and nothing else"
@@ -730,3 +732,129 @@ def test_retry_settings_are_checked(tmp_path: Path) -> None:
         SQLiteVerdictLog(tmp_path / "a.sqlite", max_pending=0)
     with pytest.raises(ValueError, match="retry_after"):
         SQLiteVerdictLog(tmp_path / "b.sqlite", retry_after=2, max_retry_after=1)
+
+
+# --- the judge's reason, and logs made before it was kept --------------------------
+
+# The schema of a log made before the `reason` column, copied from that code.
+OLD_SCHEMA = (
+    (
+        "CREATE TABLE IF NOT EXISTS verdict_log_inputs (digest TEXT PRIMARY KEY, "
+        "text TEXT, features TEXT, last_used REAL NOT NULL)"
+    ),
+    (
+        "CREATE TABLE IF NOT EXISTS verdict_log (id INTEGER PRIMARY KEY "
+        "AUTOINCREMENT, input_digest TEXT NOT NULL, rule_id TEXT NOT NULL, "
+        "rule_hash TEXT NOT NULL, applies INTEGER NOT NULL, score REAL, error TEXT, "
+        "model TEXT, prompt_version TEXT, profile TEXT, source TEXT NOT NULL, "
+        "explore REAL, created REAL NOT NULL)"
+    ),
+    "CREATE INDEX IF NOT EXISTS verdict_log_created ON verdict_log (created)",
+    "CREATE INDEX IF NOT EXISTS verdict_log_input ON verdict_log (input_digest)",
+)
+
+
+def _columns(path: Path) -> list[str]:
+    with sqlite3.connect(path) as conn:
+        return [row[1] for row in conn.execute("PRAGMA table_info(verdict_log)")]
+
+
+def old_log(path: Path) -> Path:
+    """A log file as the code before the `reason` column made it, with one verdict."""
+    rule = RULES.rules[1]
+    conn = sqlite3.connect(path)
+    with conn:
+        for statement in OLD_SCHEMA:
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO verdict_log_inputs VALUES (?, ?, NULL, ?)",
+            (digest("old trigger-001"), "old trigger-001", 1.0),
+        )
+        conn.execute(
+            "INSERT INTO verdict_log (input_digest, rule_id, rule_hash, applies, "
+            "score, error, model, prompt_version, profile, source, explore, created) "
+            "VALUES (?, ?, ?, 1, NULL, NULL, 'fake', 'judge-v2', 'condition', "
+            "'judge', NULL, 1.0)",
+            (digest("old trigger-001"), rule.rule_id, rule.content_hash()),
+        )
+    conn.close()
+    return path
+
+
+def test_reasons_round_trip_and_are_exported(tmp_path: Path) -> None:
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    rule = RULES.rules[1]
+    reason = "The input names trigger-001."
+    log.record(
+        "has trigger-001", rule, Verdict(rule_id="R-001", applies=True, reason=reason)
+    )
+    log.record("x", rule, Verdict(rule_id="R-001", applies=False))
+    assert [r.reason for r in log.records()] == [reason, None]
+    out = io.StringIO()
+    assert log.export(out) == 2
+    assert [json.loads(line)["reason"] for line in out.getvalue().splitlines()] == [
+        reason,
+        None,
+    ]
+
+
+def test_a_log_made_before_reasons_gets_the_column_when_opened(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = old_log(tmp_path / "old.sqlite")
+    assert "reason" not in _columns(path)
+    log = SQLiteVerdictLog(path)
+    # Added last: old and new logs have one layout.
+    assert _columns(path) == _columns(SQLiteVerdictLog(tmp_path / "new.sqlite").path)
+    assert _columns(path)[-1] == "reason"
+    rule = RULES.rules[1]
+    log.record(
+        "new trigger-001", rule, Verdict(rule_id="R-001", applies=True, reason="Named.")
+    )
+    assert [(r.id, r.text, r.reason) for r in log.records()] == [
+        (1, "old trigger-001", None),
+        (2, "new trigger-001", "Named."),
+    ]
+    assert log.stats().verdicts == 2
+    assert [e.applies for e in log.examples(RULES)] == [True, True]
+    log.close()
+    # Opening it again adds nothing twice; `tag verdicts export` reads it whole.
+    SQLiteVerdictLog(path).close()
+    assert _columns(path).count("reason") == 1
+    assert run_cli(["export", str(path)]) == 0
+    exported = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["id"], r["reason"]) for r in exported] == [(1, None), (2, "Named.")]
+
+
+def test_cli_export_opens_a_log_made_before_reasons(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = old_log(tmp_path / "old.sqlite")
+    assert run_cli(["export", str(path)]) == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (record["text"], record["reason"]) == ("old trigger-001", None)
+
+
+def test_a_judge_with_rationale_logs_its_reasons(tmp_path: Path) -> None:
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    judge = ApplicabilityJudge(
+        llm=RuleAwareFakeChatModel(), verdict_log=log, rationale=True
+    )
+    judge.judge_rules("has trigger-001", RULES.rules[:2])
+    ApplicabilityJudge(llm=RuleAwareFakeChatModel(), verdict_log=log).judge_rules(
+        "has trigger-001", RULES.rules[:1]
+    )
+    # The fan-out's two judgments are logged in whichever order they end.
+    *reasoned, plain = log.records()
+    records = [*sorted(reasoned, key=lambda r: r.rule_id), plain]
+    assert [(r.rule_id, r.applies, r.reason) for r in records] == [
+        ("R-000", False, "no decisive fact"),
+        ("R-001", True, "the input shows the condition"),
+        ("R-000", False, None),
+    ]
+    # Reasoned verdicts came from other prompts, and say so.
+    assert [r.prompt_version for r in records] == [
+        f"{PROMPT_VERSION}+{RATIONALE_VERSION}",
+        f"{PROMPT_VERSION}+{RATIONALE_VERSION}",
+        PROMPT_VERSION,
+    ]
