@@ -33,7 +33,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_config
-from langgraph.constants import TAG_NOSTREAM
+from langgraph.constants import CONF, CONFIG_KEY_CHECKPOINTER, TAG_NOSTREAM
 from langgraph.runtime import Runtime
 from typing_extensions import NotRequired, TypedDict
 
@@ -41,6 +41,7 @@ from langchain_tag._delimiters import data_tag
 from langchain_tag._review import ask, read_decisions
 from langchain_tag._text import digest
 from langchain_tag.engine import MatchResult, select_applicable
+from langchain_tag.errors import TAGError
 from langchain_tag.execution.templates import format_actions
 from langchain_tag.matching import Verdict
 from langchain_tag.retrievers import TAGRetriever
@@ -49,12 +50,17 @@ from langchain_tag.rules import Rule, Rulebook
 __all__ = [
     "GUIDANCE_INTRO",
     "PREVIOUSLY_APPLIED",
+    "ReviewNeedsCheckpointerError",
     "TAGAgentState",
     "TAGMatch",
     "TAGMiddleware",
     "TAGTurn",
     "judged_text",
 ]
+
+
+class ReviewNeedsCheckpointerError(TAGError, ValueError):
+    """`review_band` is set on an agent without a checkpointer to pause with."""
 
 
 class TAGMatch(TypedDict):
@@ -72,6 +78,7 @@ class TAGTurn(TypedDict):
     """The matching of one human message (one agent invocation)."""
 
     message_id: str | None
+    """The id of the (last) human message judged."""
     text_digest: str
     """SHA-256 of the judged text (the message, with `history`: and its context)."""
     matched: list[TAGMatch]
@@ -127,6 +134,9 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
     `"not_applicable"` leaves the rule out, flagged in `tag.failed_rule_ids`, with
     an `UnreliableMatchWarning` (and offers it for review when `review_band` is
     set), never silently a NO.
+
+    Put it last in `create_agent(middleware=[...])`: its `wrap_model_call` is then
+    the innermost and appends to the system message the others have set.
 
     Example:
         ```python
@@ -207,6 +217,7 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
         judged = self._to_judge(state)
         if judged is None:
             return None
+        self._check_review_can_pause()
         message, text = judged
         return self._turn(
             state, message, text, self.retriever.match(text, _judging_config())
@@ -219,45 +230,76 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
         judged = self._to_judge(state)
         if judged is None:
             return None
+        self._check_review_can_pause()
         message, text = judged
         result = await self.retriever.amatch(text, _judging_config())
         return self._turn(state, message, text, result)
 
-    def _to_judge(self, state: TAGAgentState) -> tuple[HumanMessage | None, str] | None:
-        """The newest human message and the text to judge; None: judged already."""
+    def _to_judge(self, state: TAGAgentState) -> tuple[HumanMessage, str] | None:
+        """The newest human message and the text to judge; None: nothing new.
+
+        What is new is every human message after the last AI message (an
+        invocation may bring several; they are judged together), except the
+        summaries `SummarizationMiddleware` writes as human messages. A message
+        judged already (same id, same text) is not judged again.
+        """
         messages = state["messages"]
-        index = next(
-            (
-                i
-                for i in range(len(messages) - 1, -1, -1)
-                if isinstance(messages[i], HumanMessage)
-            ),
-            None,
+        last_ai = max(
+            (i for i, m in enumerate(messages) if isinstance(m, AIMessage)), default=-1
         )
-        if index is None:
-            return (None, "") if state.get("tag") is None else None
-        message = cast("HumanMessage", messages[index])
-        text = judged_text(message, messages[:index], self.history)
+        new = [
+            i
+            for i, m in enumerate(messages)
+            if i > last_ai and isinstance(m, HumanMessage) and not _is_summary(m)
+        ]
+        if not new:
+            return None
+        humans = [cast("HumanMessage", messages[i]) for i in new]
+        text = judged_text(humans, messages[: new[0]], self.history)
         turn = state.get("tag")
         if (
             turn is not None
-            and turn["message_id"] == message.id
+            and turn["message_id"] == humans[-1].id
             and turn["text_digest"] == digest(text)
         ):
             return None
-        return message, text
+        return humans[-1], text
+
+    def _check_review_can_pause(self) -> None:
+        """Refuse a review that could never be resumed, before any judgment.
+
+        Raises:
+            ReviewNeedsCheckpointerError: `review_band` is set and the agent has
+                no checkpointer to pause with.
+        """
+        if self.review_band is None:
+            return
+        if get_config().get(CONF, {}).get(CONFIG_KEY_CHECKPOINTER) is None:
+            msg = (
+                "TAGMiddleware(review_band=...) pauses for a person, which needs a "
+                "checkpointer: create_agent(..., checkpointer=InMemorySaver()) (or "
+                "a persistent one), and a thread_id in the run's config. Nothing "
+                "was judged."
+            )
+            raise ReviewNeedsCheckpointerError(msg)
 
     def _turn(
         self,
         state: TAGAgentState,
-        message: HumanMessage | None,
+        message: HumanMessage,
         text: str,
         result: MatchResult,
     ) -> dict[str, Any]:
-        previous = list(state.get("tag_applied_rule_ids") or [])
+        earlier = state.get("tag")
+        # A message judged again (edited in place) keeps what preceded it.
+        previous = list(
+            earlier["previous"]
+            if earlier is not None and earlier["message_id"] == message.id
+            else state.get("tag_applied_rule_ids") or []
+        )
         verdicts = [v.model_dump(mode="json") for v in result.verdicts]
         turn = TAGTurn(
-            message_id=None if message is None else message.id,
+            message_id=message.id,
             text_digest=digest(text),
             matched=[],
             verdicts=verdicts,
@@ -309,7 +351,13 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
             m["rule_id"] for m in matched if m["rule_id"] not in previous
         ]
         return {
-            "tag": {**turn, "matched": matched},
+            "tag": {
+                **turn,
+                "matched": matched,
+                "reason": None
+                if matched
+                else turn["reason"] or "no rule applies after the review",
+            },
             "tag_applied_rule_ids": applied,
         }
 
@@ -352,6 +400,7 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
             **{
                 **turn,
                 "verdicts": [v.model_dump(mode="json") for v in reviewed],
+                "failed_rule_ids": [v.rule_id for v in reviewed if v.failed],
                 "review": [],
                 "reviewed": list(turn["review"]),
             }
@@ -431,31 +480,43 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
 
 
 def judged_text(
-    message: HumanMessage, earlier: Sequence[AnyMessage], history: int
+    message: HumanMessage | Sequence[HumanMessage],
+    earlier: Sequence[AnyMessage],
+    history: int,
 ) -> str:
-    """What the judge reads: the message, after up to `history` earlier messages.
+    """What the judge reads: the message(s), after up to `history` earlier messages.
 
-    With no history (or none to show) it is the message's text alone, so a
-    retriever and the middleware share cached verdicts. Otherwise the message and
-    its context are delimited blocks, and a first line says which is which.
+    With no history (or none to show) it is the messages' text alone, so a
+    retriever and the middleware share cached verdicts. Otherwise the earlier
+    human and AI messages, one line each, and the message are delimited blocks
+    whose tags carry a digest of both, so neither can contain a tag of either,
+    and a first line says which block is judged.
     """
-    text = message.text
+    messages = [message] if isinstance(message, HumanMessage) else list(message)
+    text = "\n\n".join(m.text for m in messages)
     if history == 0:
         return text
     shown = [
-        f"{'user' if isinstance(m, HumanMessage) else 'assistant'}: {m.text.strip()}"
+        f"{'user' if isinstance(m, HumanMessage) else 'assistant'}: "
+        + " ".join(m.text.split())  # one line a message: no line poses as a turn
         for m in earlier
         if isinstance(m, HumanMessage | AIMessage) and m.text.strip()
     ][-history:]
     if not shown:
         return text
     context = "\n".join(shown)
-    message_tag, context_tag = data_tag("message", text), data_tag("context", context)
+    both = f"{context}\x00{text}"
+    message_tag, context_tag = data_tag("message", both), data_tag("context", both)
     return (
         _CONTEXT_NOTE.format(message=message_tag, context=context_tag)
         + f"\n\n<{context_tag}>\n{context}\n</{context_tag}>\n\n"
         + f"<{message_tag}>\n{text}\n</{message_tag}>"
     )
+
+
+def _is_summary(message: HumanMessage) -> bool:
+    """A summary of earlier messages that `SummarizationMiddleware` wrote."""
+    return message.additional_kwargs.get("lc_source") == "summarization"
 
 
 def _checked_band(
@@ -482,6 +543,9 @@ def _checked_band(
     return low, high
 
 
+_BOOLEANS = {"true": True, "false": False}
+
+
 def _reviewed(verdict: Verdict, decision: Mapping[str, Any]) -> Verdict:
     """The verdict a person decided: it ranks as certain (no score).
 
@@ -494,15 +558,15 @@ def _reviewed(verdict: Verdict, decision: Mapping[str, Any]) -> Verdict:
         applies = not applies
     elif kind == "edit":
         args = decision["edited_action"]["args"]
-        if args.get("rule_id", verdict.rule_id) != verdict.rule_id or not isinstance(
-            args.get("applies"), bool
-        ):
+        # Agent Chat UI sends each edited arg as the text of its box.
+        edited = _BOOLEANS.get(str(args.get("applies")).strip().lower())
+        if args.get("rule_id", verdict.rule_id) != verdict.rule_id or edited is None:
             msg = (
                 f"The edit of {verdict.rule_id!r} must keep its rule_id and set "
                 f"'applies' to true or false, got args {args!r}."
             )
             raise ValueError(msg)
-        applies = args["applies"]
+        applies = edited
     note = decision.get("message")
     return Verdict(
         rule_id=verdict.rule_id,

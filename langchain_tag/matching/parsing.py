@@ -83,8 +83,10 @@ class AnswerFormat:
         )
         # A leading label must end the word there: "Applicable? No" and "YES/NO: NO"
         # echo the question or the format, they do not answer it.
-        self._leading = re.compile(
-            r"^[\s*_`\"'>#(\[-]*(" + labels + r")(?![?/\w])", re.IGNORECASE
+        self._leading = (
+            re.compile(r"^[\s*_`\"'>#(\[-]*(" + labels + r")(?![?/\w])", re.IGNORECASE)
+            if self.leading
+            else None
         )
 
     def from_mapping(self, obj: object) -> ParsedVerdict | None:
@@ -111,7 +113,7 @@ class AnswerFormat:
             return ParsedVerdict(
                 self.values[keyed.group(1).lower()], _reason_line(text)
             )
-        leading = self._leading.match(text)
+        leading = None if self._leading is None else self._leading.match(text)
         if leading:
             rest = text[leading.end() :].strip(" \t\n,.:;-*_`\"'")
             return ParsedVerdict(
@@ -158,18 +160,22 @@ APPLICABLE_FORMAT = AnswerFormat(
     lone_labels=False,
 )
 """The constraint profile's: `{"applicable": true|false, ...}`, "(Not) applicable"."""
-# With a reason before the decision, a YES or NO in prose may be the reason's: an
-# answer cut off before its verdict must not be read from it. Only a keyed line, a
-# leading label or the JSON decide.
+# With a reason before the decision, a YES or NO in prose is the reason's ("Yes, the
+# user asks, but ...\nVerdict: NO"), and an answer cut off before its verdict must
+# not be read from it: only the JSON or a keyed `verdict:` line decide.
 REASONED_YES_NO_FORMAT = AnswerFormat(
-    ("verdict",), _YES_NO, _YES_NO, booleans=False, lone_labels=False
+    ("verdict",), _YES_NO, {}, booleans=False, lone_labels=False
 )
 """The condition profile's with a rationale: `{"reason": ..., "verdict": ...}`."""
+REASONED_APPLICABLE_FORMAT = AnswerFormat(
+    ("applicable",), _TRUE_FALSE, {}, booleans=True, lone_labels=False
+)
+"""The constraint profile's with a rationale: `{"reason": ..., "applicable": ...}`."""
 _FORMATS: dict[type[BaseModel], AnswerFormat] = {
     YesNoOutput: YES_NO_FORMAT,
     ApplicableOutput: APPLICABLE_FORMAT,
     ReasonedYesNoOutput: REASONED_YES_NO_FORMAT,
-    ReasonedApplicableOutput: APPLICABLE_FORMAT,  # no lone labels already
+    ReasonedApplicableOutput: REASONED_APPLICABLE_FORMAT,
 }
 
 
@@ -268,6 +274,13 @@ def _label_start(token: str) -> bool | None:
     return polarities.pop() if len(polarities) == 1 else None
 
 
+def _key_pattern(key: str) -> re.Pattern[str]:
+    return re.compile(
+        rf'"{re.escape(key)}"|^[\s*_`>#-]*{re.escape(key)}\b[*_`]*\s*[:=]',
+        re.IGNORECASE | re.MULTILINE,
+    )
+
+
 def _verdict_position(tokens: Sequence[str], start: int) -> int | None:
     """Index of the first token after `start` characters that begins a whole label."""
     offset = 0
@@ -314,8 +327,12 @@ def score_from_logprobs(
     joined = "".join(tokens)
     start = end_of_thinking(joined)
     if after_key is not None:
-        key = joined.rfind(f'"{after_key}"', start)
-        start = start if key == -1 else key + len(after_key) + 2
+        # The decision follows its key, quoted in JSON or starting a prose line;
+        # without the key, a label may be the reason's, so there is no score.
+        keys = list(_key_pattern(after_key).finditer(joined, start))
+        if not keys:
+            return None
+        start = keys[-1].end()
     position = _verdict_position(tokens, start)
     if position is None:
         return None

@@ -186,6 +186,46 @@ def test_logprob_score_after_a_reason_reads_the_verdict_token() -> None:
     )
     assert score_from_logprobs(message) == pytest.approx(0.0)  # the reason's "No"
     assert score_from_logprobs(message, after_key="verdict") == pytest.approx(0.3)
-    # No such key (a verdict alone): read as before.
+    # A prose answer: the label after the `Verdict:` line, not the reason's "no".
+    prose = _tokens_message(
+        ("Reason: There is ", []),
+        ("no", [_lp("no", 0.99)]),
+        (" doubt.\nVerdict: ", []),
+        ("YES", [_lp("YES", 0.8), _lp("NO", 0.2)]),
+    )
+    assert score_from_logprobs(prose, after_key="verdict") == pytest.approx(0.8)
+    # No such key: any label may be the reason's, so no score.
     plain = _tokens_message(("YES", [_lp("YES", 0.6), _lp("NO", 0.4)]))
-    assert score_from_logprobs(plain, after_key="verdict") == pytest.approx(0.6)
+    assert score_from_logprobs(plain, after_key="verdict") is None
+    assert score_from_logprobs(plain) == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize(
+    ("text", "applies"),
+    [
+        ("Yes, the user mentions a refund, but it is recent.\nVerdict: NO", False),
+        ("No explicit request, yet the input shows it.\nVerdict: YES", True),
+    ],
+)
+def test_with_a_reason_first_the_keyed_verdict_decides(
+    text: str, *, applies: bool
+) -> None:
+    parsed = parse_verdict(text, schema=ReasonedYesNoOutput)
+    assert parsed is not None
+    assert parsed.applies is applies
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Yes, the input uses a wildcard import", "No", "Not applicable, since"],
+)
+def test_with_a_reason_first_a_leading_label_alone_decides_nothing(text: str) -> None:
+    assert parse_verdict(text, schema=ReasonedYesNoOutput) is None
+    assert parse_verdict(text, schema=ReasonedApplicableOutput) is None
+
+
+def test_with_a_reason_first_an_applicable_line_decides() -> None:
+    text = "Applicable-sounding, but no salary facts.\napplicable: false"
+    parsed = parse_verdict(text, schema=ReasonedApplicableOutput)
+    assert parsed is not None
+    assert parsed.applies is False
