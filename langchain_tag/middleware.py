@@ -45,7 +45,7 @@ from langchain_tag.errors import TAGError
 from langchain_tag.execution.templates import format_actions
 from langchain_tag.matching import Verdict
 from langchain_tag.retrievers import TAGRetriever
-from langchain_tag.rules import Rule, Rulebook
+from langchain_tag.rules import Rulebook
 
 __all__ = [
     "GUIDANCE_INTRO",
@@ -329,7 +329,7 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
         Selects as the engine does (`k`, `score_threshold`), from all verdicts.
         """
         options = self.retriever.options()
-        rules = self._rules()
+        rulebook = self.retriever.rulebook
         kept = select_applicable(
             verdicts,
             [v.rule_id for v in verdicts],
@@ -340,7 +340,7 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
         matched = [
             TAGMatch(
                 rule_id=v.rule_id,
-                name=rules[v.rule_id].name if v.rule_id in rules else v.rule_id,
+                name=getattr(rulebook.get(v.rule_id), "name", v.rule_id),
                 score=v.score,
                 reason=v.reason,
                 previously_applied=v.rule_id in previous,
@@ -360,9 +360,6 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
             },
             "tag_applied_rule_ids": applied,
         }
-
-    def _rules(self) -> dict[str, Rule]:
-        return {rule.rule_id: rule for rule in self.retriever.rulebook.rules}
 
     # -- before_model: a person confirms uncertain verdicts ---------------------------
 
@@ -414,7 +411,7 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
         return self.before_model(state, runtime)
 
     def _action(self, verdict: Verdict) -> ActionRequest:
-        rule = self._rules().get(verdict.rule_id)
+        rule = self.retriever.rulebook.get(verdict.rule_id)
         said = (
             f"the judgment failed ({verdict.error})"
             if verdict.failed
@@ -468,10 +465,9 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
         turn = state.get("tag")
         if not turn or not turn["matched"]:
             return None
-        rules = self._rules()
         lines = [self.guidance_intro]
         for match in turn["matched"]:
-            rule = rules.get(match["rule_id"])
+            rule = self.retriever.rulebook.get(match["rule_id"])
             if rule is None:  # the rulebook changed under a checkpointed thread
                 continue
             mark = PREVIOUSLY_APPLIED if match["previously_applied"] else ""

@@ -38,17 +38,13 @@ from langchain_tag.matching._fanout import judgment_config
 from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.matching.parsing import (
     REFUSAL,
-    ParsedVerdict,
+    answer_format,
     parse_verdict,
     score_from_logprobs,
 )
 from langchain_tag.matching.profiles import (
     CONDITION_PROFILE,
-    ApplicableOutput,
-    ReasonedApplicableOutput,
-    ReasonedYesNoOutput,
     RuleSchemaProfile,
-    YesNoOutput,
 )
 from langchain_tag.matching.verdicts import (
     JudgmentError,
@@ -508,23 +504,21 @@ class ApplicabilityJudge(BaseJudge):
         structured = isinstance(output, Mapping)
         raw: BaseMessage = output["raw"] if structured else output
         parsed = output.get("parsed") if structured else None
-        if isinstance(parsed, YesNoOutput | ReasonedYesNoOutput):
-            reason = parsed.reason if isinstance(parsed, ReasonedYesNoOutput) else ""
-            decision = ParsedVerdict(parsed.verdict == "YES", reason.strip() or None)
-        elif isinstance(parsed, ApplicableOutput | ReasonedApplicableOutput):
-            decision = ParsedVerdict(parsed.applicable, parsed.reason.strip() or None)
-        else:
-            answer = answer_text(raw)
-            parsed_text = parse_verdict(answer, schema=self._asked.output_schema)
-            if parsed_text is None:
-                # Deterministic at temperature 0, so not retried.
-                return self._failed(rule, _unreadable(answer))
-            decision = parsed_text
-        score = (
-            score_from_logprobs(raw, after_key=self._decision_key)
-            if self.logprobs
+        schema = self._asked.output_schema
+        decision = (
+            answer_format(schema).from_mapping(parsed.model_dump())
+            if isinstance(parsed, BaseModel)
             else None
         )
+        if decision is None:
+            answer = answer_text(raw)
+            decision = parse_verdict(answer, schema=schema)
+            if decision is None:
+                # Deterministic at temperature 0, so not retried.
+                return self._failed(rule, _unreadable(answer))
+        # With a reason first, the score is read after the decision's key.
+        score_key = answer_format(schema).keys[0] if self.rationale else None
+        score = score_from_logprobs(raw, after_key=score_key) if self.logprobs else None
         return Verdict(
             rule_id=rule.rule_id,
             applies=decision.applies,
@@ -618,17 +612,6 @@ class ApplicabilityJudge(BaseJudge):
     ) -> None:
         if self.cache is not None:
             await self.cache.amset(self._stored(self._keys(text, rules), verdicts))
-
-    @property
-    def _decision_key(self) -> str | None:
-        """The answer's decision key when a reason precedes it (for the score)."""
-        if not self.rationale:
-            return None
-        return (
-            "applicable"
-            if "applicable" in self._asked.output_schema.model_fields
-            else "verdict"
-        )
 
     def _log_fields(self, rule: Rule) -> dict[str, Any]:
         return {

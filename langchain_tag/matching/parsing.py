@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -179,6 +180,11 @@ _FORMATS: dict[type[BaseModel], AnswerFormat] = {
 }
 
 
+def answer_format(schema: type[BaseModel] | None) -> AnswerFormat:
+    """The format an answer to `schema` is read with (any usual one for None)."""
+    return _FORMATS.get(schema, LENIENT_FORMAT) if schema else LENIENT_FORMAT
+
+
 def parse_verdict(
     text: str, *, schema: type[BaseModel] | None = None
 ) -> ParsedVerdict | None:
@@ -195,13 +201,13 @@ def parse_verdict(
             `ApplicableOutput` or their reasoned forms); only that format counts.
             None accepts any of them.
     """
-    answer_format = _FORMATS.get(schema, LENIENT_FORMAT) if schema else LENIENT_FORMAT
+    read = answer_format(schema)
     cleaned = strip_thinking(text).strip()
     if not cleaned:
         return None
     decisions, foreign = [], False
     for obj in json_objects(cleaned):
-        decision = answer_format.from_mapping(obj)
+        decision = read.from_mapping(obj)
         if decision is not None:
             decisions.append(decision)
         else:
@@ -214,7 +220,7 @@ def parse_verdict(
         return None
     if REFUSAL.search(cleaned):
         return None
-    return answer_format.from_prose(cleaned)
+    return read.from_prose(cleaned)
 
 
 def parse_batch(
@@ -228,7 +234,7 @@ def parse_batch(
     keeps both decisions, so that the caller can refuse it; entries without an id
     or a decision are left out.
     """
-    answer_format = _FORMATS.get(schema, LENIENT_FORMAT)
+    read = answer_format(schema)
     if isinstance(answer, BaseModel):
         entries: object = answer.model_dump().get("verdicts")
     elif isinstance(answer, str):
@@ -239,7 +245,7 @@ def parse_batch(
     decided: dict[str, list[ParsedVerdict]] = {}
     for entry in entries if isinstance(entries, list) else []:
         rule_id = entry.get("rule_id") if isinstance(entry, dict) else None
-        decision = answer_format.from_mapping(entry)
+        decision = read.from_mapping(entry)
         if isinstance(rule_id, str) and decision is not None:
             decided.setdefault(rule_id.strip(), []).append(decision)
     return decided
@@ -274,6 +280,7 @@ def _label_start(token: str) -> bool | None:
     return polarities.pop() if len(polarities) == 1 else None
 
 
+@functools.lru_cache(maxsize=8)
 def _key_pattern(key: str) -> re.Pattern[str]:
     return re.compile(
         rf'"{re.escape(key)}"|^[\s*_`>#-]*{re.escape(key)}\b[*_`]*\s*[:=]',

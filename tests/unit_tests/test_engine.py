@@ -32,23 +32,20 @@ from langchain_tag.learning import (
 from langchain_tag.matching import UnreliableMatchWarning
 from langchain_tag.models import CallRetry
 from langchain_tag.query_graph import QueryContext, build_query_graph
-from langchain_tag.rules import Rule
-from langchain_tag.testing import RuleAwareFakeChatModel
+from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 
 
 def tagged_rulebook(n: int = 12) -> Rulebook:
     """Rule i applies to inputs containing `trigger-<iii>`; tagged even or odd."""
     return Rulebook(
         rules=[
-            Rule(
-                rule_id=f"R-{i:03d}",
-                name=f"Rule number {i}",
-                condition=f"The input contains `trigger-{i:03d}`",
-                action=f"Do thing {i}",
-                tags=["even" if i % 2 == 0 else "odd"],
-                metadata={"team": "a" if i < n // 2 else "b"},
+            rule.model_copy(
+                update={
+                    "tags": ("even" if i % 2 == 0 else "odd",),
+                    "metadata": {"team": "a" if i < n // 2 else "b"},
+                }
             )
-            for i in range(n)
+            for i, rule in enumerate(trigger_rulebook(n).rules)
         ]
     )
 

@@ -13,8 +13,8 @@ from langchain_tag import ApplicabilityJudge, Rule, Rulebook, TAGRetriever
 from langchain_tag.matching import limiter as limiter_module
 from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.testing import FakeClock, RuleAwareFakeChatModel, trigger_rulebook
+from tests.unit_tests.conftest import HANG_GUARD
 
-HANG_GUARD = 10.0
 """Seconds before a wait that should end at once fails the test: no speed limit."""
 
 # --- the shared backoff --------------------------------------------------------------

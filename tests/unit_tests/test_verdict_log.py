@@ -38,7 +38,7 @@ from langchain_tag.learning.verdict_log import (
     open_verdict_log,
 )
 from langchain_tag.matching.prompts import PROMPT_VERSION, RATIONALE_VERSION
-from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
+from langchain_tag.testing import FakeClock, RuleAwareFakeChatModel, trigger_rulebook
 
 RULES = trigger_rulebook(4)
 PRIVATE_INPUT = "the confidential input mentions trigger-001 and nothing else"
@@ -427,16 +427,6 @@ def test_close_writes_what_is_pending(tmp_path: Path) -> None:
     assert [r.text for r in SQLiteVerdictLog(path).records()] == ["paid"]
 
 
-class FakeClock:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 POISON = "POISON"
 
 
@@ -497,7 +487,7 @@ def test_a_locked_log_waits_at_most_once_per_retry_interval(tmp_path: Path) -> N
     """
     path = tmp_path / "log.sqlite"
     clock = FakeClock()
-    log = FlakyLog(path, timeout=0.05, clock=clock)
+    log = FlakyLog(path, timeout=0.05, clock=clock.monotonic)
     rule = RULES.rules[0]
     log.record("first", rule, verdict(rule, "first"))
     holder = sqlite3.connect(path, isolation_level=None)
@@ -543,7 +533,10 @@ def test_a_locked_log_waits_at_most_once_per_retry_interval(tmp_path: Path) -> N
 def test_retries_back_off_and_flush_tries_at_once(tmp_path: Path) -> None:
     clock = FakeClock()
     log = WaitingLog(
-        tmp_path / "log.sqlite", clock=clock, retry_after=1.0, max_retry_after=4.0
+        tmp_path / "log.sqlite",
+        clock=clock.monotonic,
+        retry_after=1.0,
+        max_retry_after=4.0,
     )
     rule = RULES.rules[0]
     log.down = sqlite3.OperationalError("server closed the connection unexpectedly")
@@ -583,7 +576,7 @@ def test_retries_back_off_and_flush_tries_at_once(tmp_path: Path) -> None:
 
 def test_only_one_writer_retries_and_the_others_do_not_wait(tmp_path: Path) -> None:
     clock = FakeClock()
-    log = FlakyLog(tmp_path / "log.sqlite", clock=clock)
+    log = FlakyLog(tmp_path / "log.sqlite", clock=clock.monotonic)
     rule = RULES.rules[0]
     log.down = sqlite3.OperationalError("disk I/O error")
     with pytest.warns(VerdictLogWarning, match="disk I/O error"):
@@ -614,7 +607,7 @@ def test_a_record_the_store_rejects_is_dropped_not_retried_forever(
     tmp_path: Path,
 ) -> None:
     """Before, one poison record kept every later record pending for good."""
-    log = FlakyLog(tmp_path / "log.sqlite", clock=FakeClock())
+    log = FlakyLog(tmp_path / "log.sqlite", clock=FakeClock().monotonic)
     rule = RULES.rules[0]
     log.down = sqlite3.OperationalError("database is locked")
     with warnings.catch_warnings(record=True) as caught:
@@ -638,7 +631,7 @@ def test_a_record_the_store_rejects_is_dropped_not_retried_forever(
 
 def test_a_lone_poison_record_neither_fails_flush_nor_close(tmp_path: Path) -> None:
     path = tmp_path / "log.sqlite"
-    log = FlakyLog(path, clock=FakeClock())
+    log = FlakyLog(path, clock=FakeClock().monotonic)
     rule = RULES.rules[0]
     with pytest.warns(VerdictLogWarning, match="rejects"):
         log.record(POISON, rule, verdict(rule, "x"))  # the store works: dropped
@@ -656,7 +649,7 @@ def test_a_lone_poison_record_neither_fails_flush_nor_close(tmp_path: Path) -> N
 
 
 def test_a_store_failing_every_record_keeps_them_all(tmp_path: Path) -> None:
-    log = FlakyLog(tmp_path / "log.sqlite", clock=FakeClock())
+    log = FlakyLog(tmp_path / "log.sqlite", clock=FakeClock().monotonic)
     rule = RULES.rules[0]
     # Not an OperationalError, but the store's: nothing is written, not even empty.
     log.down = sqlite3.DatabaseError("database disk image is malformed")
@@ -675,7 +668,7 @@ def test_a_store_failing_every_record_keeps_them_all(tmp_path: Path) -> None:
 
 
 def test_pending_records_are_capped_and_the_oldest_dropped(tmp_path: Path) -> None:
-    log = FlakyLog(tmp_path / "log.sqlite", clock=FakeClock(), max_pending=3)
+    log = FlakyLog(tmp_path / "log.sqlite", clock=FakeClock().monotonic, max_pending=3)
     rule = RULES.rules[0]
     log.down = sqlite3.OperationalError("database is locked")
     with warnings.catch_warnings(record=True) as caught:
@@ -695,7 +688,9 @@ def test_a_record_that_cannot_be_prepared_never_raises(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before, hashing a text (store_text=False) raised into the paid judgment."""
-    log = FlakyLog(tmp_path / "log.sqlite", clock=FakeClock(), store_text=False)
+    log = FlakyLog(
+        tmp_path / "log.sqlite", clock=FakeClock().monotonic, store_text=False
+    )
     rule = RULES.rules[0]
     real_hash = FeatureHashing.hash
     hungry = True
