@@ -428,6 +428,10 @@ class LearnedPrefilter(BaseRetriever):
     _hashes: dict[int, tuple[Rule, str]] = PrivateAttr(default_factory=dict)
     _warned: set[tuple[str, str]] = PrivateAttr(default_factory=set)
     _warn_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    # Where a retraining from each verdict log (by location) last started: kept
+    # with the prefilter, so an engine built anew (a query graph given a new
+    # context each run) does not train again at once (`learning.retraining`).
+    _retrained_at: dict[str, int] = PrivateAttr(default_factory=dict)
 
     def __init__(self, rulebook: Rulebook, /, **data: Any) -> None:
         """Make an untrained prefilter (it passes every rule) over `rulebook`."""

@@ -46,6 +46,11 @@ class RetrainPolicy(BaseModel):
         return position - (trained_at or 0) >= self.every
 
 
+_MARKS_LOCK = threading.Lock()
+"""Guards the marks kept with prefilters: two engines over one prefilter start
+one training per mark."""
+
+
 class Retrainer:
     """Trains a LearnedPrefilter again from a verdict log, in a background thread.
 
@@ -76,10 +81,17 @@ class Retrainer:
         self.log = log
         self.rulebook = rulebook
         self.policy = RetrainPolicy(every=every)
-        self.trained_at: int | None = None
-        """The log position of the last training started (None: never)."""
         self._lock = threading.Lock()
         self._running: concurrent.futures.Future[FitReport] | None = None
+
+    @property
+    def trained_at(self) -> int | None:
+        """The log position of the last training started (None: never).
+
+        Shared by every retrainer of this prefilter and log: it is kept with the
+        prefilter, by the log's location.
+        """
+        return self.prefilter._retrained_at.get(self.log.location)  # noqa: SLF001
 
     @property
     def running(self) -> concurrent.futures.Future[FitReport] | None:
@@ -103,23 +115,25 @@ class Retrainer:
             The future of the training started now (its result is the
             `FitReport`; a failed training's future holds its error), else None.
         """
-        with self._lock:
-            if self._running is not None:
-                return None
-            try:
-                position = self.log.position()
-            except Exception as error:  # noqa: BLE001 - never into a retrieval
-                logger.warning(
-                    "Retraining the learned prefilter: cannot read the verdict "
-                    "log's position (%s: %s); asking again at the next retrieval.",
-                    type(error).__name__,
-                    error,
-                )
-                return None
-            if not self.policy.due(position, self.trained_at):
+        if self.running is not None:
+            return None
+        try:  # not under the lock: concurrent retrievals do not wait on the query
+            position = self.log.position()
+        except Exception as error:  # noqa: BLE001 - never into a retrieval
+            logger.warning(
+                "Retraining the learned prefilter: cannot read the verdict "
+                "log's position (%s: %s); asking again at the next retrieval.",
+                type(error).__name__,
+                error,
+            )
+            return None
+        with self._lock, _MARKS_LOCK:
+            if self._running is not None or not self.policy.due(
+                position, self.trained_at
+            ):
                 return None
             # A failed training is tried again at the next mark, not at once.
-            self.trained_at = position
+            self.prefilter._retrained_at[self.log.location] = position  # noqa: SLF001
             future: concurrent.futures.Future[FitReport] = concurrent.futures.Future()
             future.set_running_or_notify_cancel()
             self._running = future

@@ -111,6 +111,29 @@ def test_training_runs_in_the_background_and_never_blocks_the_caller(
     assert retrainer.trained_at == 120
 
 
+def test_a_retrainer_built_anew_keeps_the_mark_of_the_prefilter(
+    log: SQLiteVerdictLog,
+) -> None:
+    """An engine built again (a graph run with a new context) does not retrain."""
+    prefilter = LearnedPrefilter(RULES, min_examples=5)
+    first = Retrainer(prefilter, log, RULES, every=40)
+    fill(log, 10)  # 40 verdicts: due
+    future = first.poll()
+    assert future is not None
+    future.result(timeout=60)
+    again = Retrainer(prefilter, log, RULES, every=40)
+    assert again.trained_at == 40
+    fill(log, 5, start=10)  # 60 verdicts, 20 since the mark
+    assert again.poll() is None
+    fill(log, 5, start=15)  # 80: 40 since the mark
+    second = again.poll()
+    assert second is not None
+    second.result(timeout=60)
+    assert first.trained_at == again.trained_at == 80
+    other = Retrainer(LearnedPrefilter(RULES), log, RULES, every=40)
+    assert other.trained_at is None  # the mark is the prefilter's
+
+
 def test_a_failing_training_warns_and_is_retried_at_the_next_mark(
     log: SQLiteVerdictLog,
     monkeypatch: pytest.MonkeyPatch,
