@@ -374,11 +374,13 @@ class MatchEngine:
         An empty or blank input is judged against no rule (it costs nothing): its
         result is empty, with the reason "the input is empty or blank".
         """
-        plan, rules = self._before_prefilter(query, rules, options)
-        if self.prefilter is None or not self._shortlists(plan, rules):
-            return self._partitioned(plan, rules)
+        plan = self._filtered(query, rules, options)
+        if not plan.candidates or self.prefilter is None:
+            return plan
+        if self.shadow is not None:  # a learned prefilter partitions
+            return self._explored(plan, self.shadow)
         shortlist = self.prefilter.invoke(plan.query, config)
-        return self._shortlisted(plan, rules, shortlist)
+        return self._shortlisted(plan, shortlist)
 
     async def aplan(
         self,
@@ -388,11 +390,13 @@ class MatchEngine:
         config: RunnableConfig | None = None,
     ) -> MatchPlan:
         """Async `plan`: the prefilter runs without blocking the loop."""
-        plan, rules = self._before_prefilter(query, rules, options)
-        if self.prefilter is None or not self._shortlists(plan, rules):
-            return self._partitioned(plan, rules)
+        plan = self._filtered(query, rules, options)
+        if not plan.candidates or self.prefilter is None:
+            return plan
+        if self.shadow is not None:  # a learned prefilter partitions
+            return self._explored(plan, self.shadow)
         shortlist = await self.prefilter.ainvoke(plan.query, config)
-        return self._shortlisted(plan, rules, shortlist)
+        return self._shortlisted(plan, shortlist)
 
     def call_units(self, plan: MatchPlan) -> list[list[Rule]]:
         """The plan's candidates grouped by model call (one rule each by default)."""
@@ -510,15 +514,16 @@ class MatchEngine:
 
     # -- the parts --------------------------------------------------------------------
 
-    def _before_prefilter(
+    def _filtered(
         self, query: object, rules: Sequence[Rule], options: MatchOptions | None
-    ) -> tuple[MatchPlan, list[Rule]]:
+    ) -> MatchPlan:
+        """The plan before any prefilter: the input checked, the filter applied."""
         options = options or MatchOptions()
         text = check_text(query, "The query")
         check_filter(options.filter, rules)
         blank = not text.strip()
         passed = [] if blank else [r for r in rules if rule_passes(r, options.filter)]
-        plan = MatchPlan(
+        return MatchPlan(
             query=text,
             candidates=passed,
             total_rules=len(rules),
@@ -529,21 +534,16 @@ class MatchEngine:
             blank=blank,
             started=time.time(),
         )
-        return plan, passed
 
-    def _shortlists(self, plan: MatchPlan, rules: list[Rule]) -> bool:
-        """Whether a similarity prefilter is asked (a learned one partitions)."""
-        return bool(rules) and self.shadow is None and not plan.blank
-
-    def _partitioned(self, plan: MatchPlan, rules: list[Rule]) -> MatchPlan:
-        if self.shadow is None or not rules:
-            return plan
-        judged, explored = self.shadow.partition(plan.query, rules)
+    @staticmethod
+    def _explored(plan: MatchPlan, shadow: ShadowJudging) -> MatchPlan:
+        """The learned prefilter's partition, skipped rules drawn to explore."""
+        judged, explored = shadow.partition(plan.query, plan.candidates)
         return plan.model_copy(update={"candidates": judged, "explored": explored})
 
-    def _shortlisted(
-        self, plan: MatchPlan, rules: list[Rule], shortlist: Sequence[Document]
-    ) -> MatchPlan:
+    def _shortlisted(self, plan: MatchPlan, shortlist: Sequence[Document]) -> MatchPlan:
+        """The candidates the similarity prefilter's shortlist names."""
+        rules = plan.candidates
         wanted = {doc.metadata.get("rule_id") or doc.id for doc in shortlist}
         unknown = wanted - {rule.rule_id for rule in rules} - {None}
         if unknown:
