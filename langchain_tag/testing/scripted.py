@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from langchain_core.callbacks import (
@@ -63,10 +64,21 @@ class FakeClock:
 class TransientFakeError(Exception):
     """A provider error with an HTTP status, as rate limits and overloads carry."""
 
-    def __init__(self, message: str = "rate limited", status_code: int = 429) -> None:
-        """Create an error carrying `status_code`."""
+    def __init__(
+        self,
+        message: str = "rate limited",
+        status_code: int = 429,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Create an error carrying `status_code`, and `headers` as SDK errors do.
+
+        With `headers` (e.g. `{"retry-after": "5"}`) it has `response.headers`,
+        where the OpenAI and Anthropic SDKs' errors keep the provider's.
+        """
         super().__init__(message)
         self.status_code = status_code
+        if headers is not None:
+            self.response = SimpleNamespace(headers=dict(headers))
 
 
 @dataclass(frozen=True)

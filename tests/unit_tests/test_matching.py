@@ -11,7 +11,6 @@ import re
 import string
 import time
 from collections.abc import Sequence
-from types import SimpleNamespace
 from typing import Any
 
 import httpx2
@@ -579,15 +578,6 @@ def test_the_judge_turns_the_clients_own_retries_off() -> None:
     assert untouched._calls.llm.root_client.max_retries == 2
 
 
-class HTTPError(Exception):
-    """An SDK-like error: a status code and the response's headers."""
-
-    def __init__(self, status_code: int, headers: dict[str, str]) -> None:
-        super().__init__(f"HTTP {status_code}")
-        self.status_code = status_code
-        self.response = SimpleNamespace(headers=headers)
-
-
 class RateLimitedOnce(RuleAwareFakeChatModel):
     """Refuses the first call of rule R-000 with a 429 asking for 5 s."""
 
@@ -598,7 +588,8 @@ class RateLimitedOnce(RuleAwareFakeChatModel):
             if first:
                 object.__setattr__(self, "_refused", True)
         if first:
-            raise HTTPError(429, {"retry-after": "5"})
+            msg = "HTTP 429"
+            raise TransientFakeError(msg, 429, headers={"retry-after": "5"})
         return super()._generate(messages, *args, **kwargs)
 
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 
 from langchain_tag import ModelNotConfiguredError
 from langchain_tag.models import CallRetry, StructuredFallback, default_chat_model
-from langchain_tag.testing import FakeClock
+from langchain_tag.testing import FakeClock, TransientFakeError
 
 ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "TAG_MODEL")
 
@@ -130,15 +130,6 @@ def test_always_means_no_fallback() -> None:
 # --- Retry-After ---------------------------------------------------------------------
 
 
-class HTTPError(Exception):
-    """An SDK-like error: a status code and the response's headers."""
-
-    def __init__(self, status_code: int, headers: dict[str, str]) -> None:
-        super().__init__(f"HTTP {status_code}")
-        self.status_code = status_code
-        self.response = SimpleNamespace(headers=headers)
-
-
 @pytest.mark.parametrize(
     ("headers", "expected"),
     [
@@ -152,8 +143,13 @@ def test_the_providers_retry_after_sets_the_wait(
     headers: dict[str, str], expected: float
 ) -> None:
     policy = CallRetry(initial_delay=7.0, jitter=0.0)
-    assert policy.delay(1, HTTPError(429, headers)) == expected
-    assert policy.delay(1, HTTPError(429, {})) == 7.0  # nothing asked: backoff
+    assert (
+        policy.delay(1, TransientFakeError("HTTP 429", 429, headers=headers))
+        == expected
+    )
+    assert (
+        policy.delay(1, TransientFakeError("HTTP 429", 429, headers={})) == 7.0
+    )  # nothing asked: backoff
     assert policy.delay(1, ValueError("no response")) == 7.0
 
 
@@ -162,4 +158,9 @@ def test_retry_after_as_an_http_date(monkeypatch: pytest.MonkeyPatch) -> None:
     now = FakeClock(start=1_700_000_000.0)
     monkeypatch.setattr("langchain_tag.models.time", SimpleNamespace(time=now.time))
     when = email.utils.formatdate(now.time() + 5, usegmt=True)
-    assert CallRetry().delay(1, HTTPError(503, {"retry-after": when})) == 5.0
+    assert (
+        CallRetry().delay(
+            1, TransientFakeError("HTTP 503", 503, headers={"retry-after": when})
+        )
+        == 5.0
+    )
