@@ -1,13 +1,22 @@
-"""Small text helpers shared by every stage: digests, slugs, batches, model answers."""
+"""Small text helpers shared by every stage: digests, slugs, batches, model answers.
+
+`read_text` is the one reader of the text a user gives `tag` (documents, rulebooks,
+labelled inputs, standard input): one behaviour, one message naming the file.
+"""
 
 from __future__ import annotations
 
+import codecs
 import functools
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from langchain_tag.errors import TAGError
 
 _T = TypeVar("_T")
 
@@ -121,3 +130,128 @@ def answer_text(message: object) -> str:
     if text.strip() or not isinstance(calls, list) or not calls:
         return text
     return json.dumps([call.get("args") for call in calls])
+
+
+# --- a user's text files -----------------------------------------------------------
+# UTF-8 (with or without the byte-order mark some editors write) and UTF-16 with its
+# mark are read. Anything else is refused, never guessed: Latin-1 decodes any bytes,
+# so a guess would turn a wrong encoding into silently wrong text. Unmarked UTF-16
+# needs a check of its own: mostly-ASCII UTF-16 is valid UTF-8, a NUL every other
+# byte.
+
+STANDARD_INPUT = "standard input"
+"""How `read_text` names a stream it is not told the name of."""
+
+_BOMS = (
+    # UTF-32 first: its little-endian mark starts with UTF-16's.
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+_WIDE_SAMPLE = 4096
+_WIDE_SHARE = 0.4
+"""Share of NUL bytes on one side of the byte pairs that marks UTF-16 text."""
+_SAVE_AS_UTF8 = (
+    "Only UTF-8 (or UTF-16 with a byte-order mark) is read: save it as UTF-8"
+)
+
+
+class TextEncodingError(TAGError, ValueError):
+    """A user's text is not UTF-8 (or marked UTF-16): `what`, `problem`, `fix`.
+
+    The message is `"{what}: {problem} {fix}"`; callers with their own error type
+    (a rulebook's, a data set's) reuse `problem` and `fix`, so every reader says the
+    same thing.
+    """
+
+    def __init__(self, what: str, problem: str, fix: str) -> None:
+        """Build the error from the file's name, what is wrong and what to do."""
+        self.what = what
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{what}: {problem} {fix}")
+
+
+def wide_encoding(raw: bytes) -> str | None:
+    """The UTF-16 or UTF-32 encoding `raw` is in, as `iconv -f` names it, or None.
+
+    Judged by a byte-order mark ("UTF-16", "UTF-32"), or, without one, by NUL
+    bytes falling on one side of the byte pairs, as in UTF-16 text that is mostly
+    ASCII ("UTF-16LE", "UTF-16BE").
+    """
+    for bom, name in _BOMS:
+        if raw.startswith(bom):
+            return name
+    sample = raw[:_WIDE_SAMPLE]
+    pairs = len(sample) // 2
+    if pairs == 0 or b"\x00" not in sample:
+        return None
+    odd = sample[1::2].count(0) / pairs
+    even = sample[0::2].count(0) / pairs
+    if odd >= _WIDE_SHARE and even < _WIDE_SHARE:
+        return "UTF-16LE"
+    if even >= _WIDE_SHARE and odd < _WIDE_SHARE:
+        return "UTF-16BE"
+    return None
+
+
+def read_text(
+    source: str | os.PathLike[str] | IO[bytes], *, what: str | None = None
+) -> str:
+    """The text of a user's file or byte stream, or an error saying what to do.
+
+    Accepts UTF-8, with or without a byte-order mark, and UTF-16 with its mark;
+    the mark is not part of the text. Line endings are left as they are.
+
+    Args:
+        source: A file path, or a binary stream (`sys.stdin.buffer`).
+        what: How errors name it; default the path, or "standard input".
+
+    Raises:
+        TextEncodingError: Another encoding (Latin-1, unmarked UTF-16, UTF-32),
+            or binary data (NUL bytes): the message names the file, the offset
+            and line of the first bad byte, and says to save it as UTF-8.
+        OSError: The file cannot be read; callers word that themselves.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        return decode_text(Path(source).read_bytes(), what=what or os.fspath(source))
+    return decode_text(source.read(), what=what or STANDARD_INPUT)
+
+
+def decode_text(raw: bytes, *, what: str) -> str:
+    """`read_text` for bytes already read; `what` names them in errors.
+
+    Raises:
+        TextEncodingError: See `read_text`.
+    """
+    wide = wide_encoding(raw)
+    if wide not in {None, "UTF-16"}:
+        raise TextEncodingError(
+            what,
+            f"is {wide} text, not UTF-8.",
+            f"Convert it first, e.g. `iconv -f {wide} -t UTF-8`, or save it as UTF-8 "
+            "from its editor.",
+        )
+    encoding = "utf-16" if wide else "utf-8-sig"  # both drop the byte-order mark
+    try:
+        text = raw.decode(encoding)
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].decode(encoding, "replace").count("\n") + 1
+        raise TextEncodingError(
+            what,
+            f"is not {wide or 'UTF-8'} text (byte 0x{raw[error.start]:02x} at offset "
+            f"{error.start}, line {line}).",
+            f"{_SAVE_AS_UTF8}, e.g. `iconv -f latin1 -t UTF-8` if it is Latin-1.",
+        ) from None
+    if "\x00" in text:
+        # A NUL is no character of any text a user writes: binary data.
+        before = text[: text.index("\x00")]
+        offset = 2 + len(before.encode("utf-16-le")) if wide else raw.index(0)
+        raise TextEncodingError(
+            what,
+            f"contains NUL bytes (at offset {offset}), so it is not a text file.",
+            f"{_SAVE_AS_UTF8}; for a PDF or a word-processor file, take its text "
+            "first (e.g. with a LangChain document loader).",
+        )
+    return text

@@ -47,10 +47,14 @@ if TYPE_CHECKING:
     from langchain_core.embeddings import Embeddings
 
     from langchain_tag.extraction.sectioning import Section
+    from langchain_tag.local_model import InProcessModel, LocalOpenAIServer
 
 DOMAIN = "Python code style (PEP 8)"
 DEFAULT_SECTIONS = ("Imports", "Programming Recommendations")
 """The PEP 8 sections extracted by default: the ones the snippets break."""
+OFFLINE_SECTIONS = ("Imports",)
+"""The PEP 8 sections the offline model extracts by default: one, since on 2 cores
+it reads a section's prompt in ~2 s and writes ~25 tokens a second."""
 DEFAULT_WORKDIR = Path(".langchain-tag") / "demo"
 PEP8_MAX_SECTION_TOKENS = 1500
 CURATED_MIN_RULES = 5
@@ -58,6 +62,11 @@ CURATED_MIN_RULES = 5
 of the curated rulebook."""
 LOCAL_SERVER_PORT = 38471
 """The offline model server's port when it is free."""
+LOCAL_EXTRACTION_TOKENS = 384
+"""Longest extraction answer of the offline model (~15 s on 2 cores); a rule takes
+~60 tokens of JSON, and a longer answer from SmolLM2 is rarely readable."""
+LOCAL_EXECUTION_TOKENS = 300
+"""Longest executor answer of the offline model."""
 
 
 class Snippet(BaseModel):
@@ -157,21 +166,29 @@ class DemoModels:
     quality_note: str | None = None
     """Shown before and after the results when the model is not one to trust."""
     stop: Callable[[], None] | None = None
-    """Ends a local model server at once (on Ctrl-C: calls waiting on it then fail
-    at once instead of running to their end)."""
+    """Ends a local model at once (on Ctrl-C: calls waiting on it then fail at once
+    instead of running to their end)."""
+    check: Callable[[], None] | None = None
+    """Raises `LocalServerError` if a local model server has died: its calls would
+    otherwise fail as bare connection errors."""
 
 
 @contextmanager
 def demo_models(
-    *, offline: bool = False, model: str | None = None, logprobs: bool = True
+    *,
+    offline: bool = False,
+    model: str | None = None,
+    logprobs: bool = True,
+    local_server: bool = False,
 ) -> Iterator[DemoModels]:
-    """The configured model in every role, or SmolLM2 on a local server.
+    """The configured model in every role, or SmolLM2 run locally.
 
     With `OPENAI_API_KEY` or `OPENAI_BASE_URL` set (and not `offline`), the model is
-    `default_chat_model()`. Otherwise SmolLM2-135M runs behind llama.cpp's
-    OpenAI-compatible server for the duration, reached by `ChatOpenAI` over HTTP,
-    with JSON-constrained answers so that its output parses; it is for offline
-    smoke runs and judges poorly.
+    `default_chat_model()`. Otherwise SmolLM2-135M runs in this process
+    (`InProcessModel`: no compiler, any CPU), or with `local_server` behind
+    llama.cpp's OpenAI-compatible server, reached by `ChatOpenAI` over HTTP. Its
+    answers are JSON-constrained so that they parse; it is for offline smoke runs
+    and judges poorly.
 
     Raises:
         ModelNotConfiguredError: No model is configured and the local one is not
@@ -196,21 +213,47 @@ def demo_models(
             f"OpenAI-compatible server), or install the offline model: {error}"
         )
         raise ModelNotConfiguredError(msg) from error
-    with local_model.LocalOpenAIServer(path, port=_stable_port()) as server:
-        judge = server.judge(on_error="not_applicable")
-        yield DemoModels(
-            extractor=server.chat_model(
-                response_format=local_model.JSON_RESPONSE_FORMAT, max_tokens=1024
-            ),
-            judge=judge,
-            executor=server.chat_model(max_tokens=300),
-            description=(
+    if local_server:
+        with local_model.LocalOpenAIServer(path, port=_stable_port()) as server:
+            yield _local_models(
+                server,
                 f"SmolLM2-135M-Instruct (llama.cpp server at {server.base_url}, "
-                "offline)"
-            ),
-            quality_note=local_model.QUALITY_NOTE,
-            stop=functools.partial(server.stop, grace=0),
+                "offline)",
+                stop=functools.partial(server.stop, grace=0),
+                check=server.check,
+            )
+        return
+    in_process = local_model.InProcessModel(path)
+    try:
+        yield _local_models(
+            in_process,
+            "SmolLM2-135M-Instruct (transformers in this process, offline)",
+            stop=in_process.close,
         )
+    finally:
+        in_process.close()
+
+
+def _local_models(
+    local: InProcessModel | LocalOpenAIServer,
+    description: str,
+    *,
+    stop: Callable[[], None],
+    check: Callable[[], None] | None = None,
+) -> DemoModels:
+    from langchain_tag.local_model import JSON_RESPONSE_FORMAT, QUALITY_NOTE  # noqa: PLC0415
+
+    return DemoModels(
+        extractor=local.chat_model(
+            response_format=JSON_RESPONSE_FORMAT, max_tokens=LOCAL_EXTRACTION_TOKENS
+        ),
+        judge=local.judge(on_error="not_applicable"),
+        executor=local.chat_model(max_tokens=LOCAL_EXECUTION_TOKENS),
+        description=description,
+        quality_note=QUALITY_NOTE,
+        stop=stop,
+        check=check,
+    )
 
 
 def _stable_port() -> int | None:
@@ -334,9 +377,10 @@ def run_demo(
     chosen: list[Section] = []
     if rulebook is None:
         chosen = list(pep8_sections() if sections is None else sections)
-        rulebook, extraction = _extract(
-            models.extractor, chosen, workdir, max_concurrency, say, started
-        )
+        with _watched(models, "extracting rules", "matching and executing"):
+            rulebook, extraction = _extract(
+                models.extractor, chosen, workdir, max_concurrency, say, started
+            )
     else:
         say(f"1. Using {len(rulebook)} given rule(s), not extracted")
     name = "pep8" if extraction else "given"
@@ -389,7 +433,13 @@ def run_demo(
         say()
         say(f"[{number}/{len(snippets)}] {snippet.title}")
         say(_indent(snippet.code, 6))
-        reports.append(_run_snippet(snippet, retriever, executor))
+        left = f"snippets {number}-{len(snippets)}" if number < len(snippets) else ""
+        with _watched(
+            models,
+            f"matching snippet {number}",
+            f"matching and executing {left or f'snippet {number}'}",
+        ):
+            reports.append(_run_snippet(snippet, retriever, executor))
         _say_snippet(say, reports[-1])
 
     total = time.perf_counter() - started
@@ -419,6 +469,30 @@ def run_demo(
         snippets=reports,
         seconds=total,
     )
+
+
+@contextmanager
+def _watched(models: DemoModels, doing: str, not_done: str) -> Iterator[None]:
+    """Turn a dead local model server's connection errors into what happened.
+
+    The judge counts a failed call as not applicable and goes on, so the server is
+    checked after the step as well as when it raises.
+    """
+    if models.check is None:
+        yield
+        return
+    from langchain_tag.local_model import LocalServerError  # noqa: PLC0415
+
+    try:
+        try:
+            yield
+        except Exception:
+            models.check()
+            raise
+        models.check()
+    except LocalServerError as error:
+        msg = f"{error}\nThe demo stopped while {doing}; not done: {not_done}."
+        raise LocalServerError(msg, returncode=error.returncode) from error
 
 
 def _extract(

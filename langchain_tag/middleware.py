@@ -55,12 +55,35 @@ __all__ = [
     "TAGMatch",
     "TAGMiddleware",
     "TAGTurn",
+    "check_can_pause",
     "judged_text",
 ]
 
 
 class ReviewNeedsCheckpointerError(TAGError, ValueError):
-    """`review_band` is set on an agent without a checkpointer to pause with."""
+    """A review is asked for on a run without a checkpointer to pause with.
+
+    Raised by `TAGMiddleware(review_band=...)` and by the query graph with
+    `QueryContext(review=True)`, before any model call.
+    """
+
+
+def check_can_pause(config: RunnableConfig, message: str) -> None:
+    """Refuse a review that could never be resumed: the run has no checkpointer.
+
+    A run has one when its graph was compiled with one, when a parent graph lends
+    it to a subgraph, or when a LangGraph server (Studio) runs the graph: all of
+    them put it in the run's config, which is what is checked here.
+
+    Args:
+        config: The config of the running node (`get_config()` inside one).
+        message: What to tell the caller, e.g. how to give a checkpointer.
+
+    Raises:
+        ReviewNeedsCheckpointerError: The run has no checkpointer.
+    """
+    if config.get(CONF, {}).get(CONFIG_KEY_CHECKPOINTER) is None:
+        raise ReviewNeedsCheckpointerError(message)
 
 
 class TAGMatch(TypedDict):
@@ -274,14 +297,13 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
         """
         if self.review_band is None:
             return
-        if get_config().get(CONF, {}).get(CONFIG_KEY_CHECKPOINTER) is None:
-            msg = (
-                "TAGMiddleware(review_band=...) pauses for a person, which needs a "
-                "checkpointer: create_agent(..., checkpointer=InMemorySaver()) (or "
-                "a persistent one), and a thread_id in the run's config. Nothing "
-                "was judged."
-            )
-            raise ReviewNeedsCheckpointerError(msg)
+        check_can_pause(
+            get_config(),
+            "TAGMiddleware(review_band=...) pauses for a person, which needs a "
+            "checkpointer: create_agent(..., checkpointer=InMemorySaver()) (or "
+            "a persistent one), and a thread_id in the run's config. Nothing "
+            "was judged.",
+        )
 
     def _turn(
         self,

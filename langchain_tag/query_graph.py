@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 from langchain.agents.middleware.human_in_the_loop import ActionRequest
 from langchain_core.callbacks import dispatch_custom_event
@@ -75,6 +75,7 @@ from langchain_tag.matching import (
     Verdict,
 )
 from langchain_tag.matching.judge import VerdictSink
+from langchain_tag.middleware import check_can_pause
 from langchain_tag.models import CallRetry, default_chat_model, with_settings
 from langchain_tag.rules import Rule, Rulebook
 
@@ -155,7 +156,9 @@ class QueryContext:
     template: str | SkipJsonSchema[ExecutionTemplate] = "generic"
     """A template name from `TEMPLATES`, or an `ExecutionTemplate`."""
     review: bool = False
-    """Pause after extraction for a person to approve, edit or drop rules."""
+    """Pause after extraction for a person to approve, edit or drop rules. Needs a
+    checkpointer (a LangGraph server has one): without, a run from documents is
+    refused before extraction (`ReviewNeedsCheckpointerError`)."""
     domain: str = "instruction"
     """Domain string for extraction, when the input brings documents."""
     on_error: Literal["raise", "not_applicable"] = "raise"
@@ -224,12 +227,24 @@ class QueryContext:
 
 
 class QueryInput(TypedDict):
-    """A query, and the rules to answer it with (or documents to extract them from)."""
+    """A query, and the rules to answer it with (or documents to extract them from).
+
+    Checked where the graph starts (`load_rulebook`), before any model call; see
+    `INPUT_SCHEMA`.
+    """
 
     query: str
     rulebook: NotRequired[dict[str, Any] | str]
     """A rulebook as JSON (e.g. `Rulebook.model_dump(mode="json")`) or a file path."""
     documents: NotRequired[list[Document]]
+
+
+INPUT_SCHEMA = (
+    '{"query": "<the text to answer>", "rulebook": <a rulebook as JSON, or the '
+    'path of a rulebook file>}, or {"query": ..., "documents": [<Document>, ...]} '
+    "to extract the rulebook from (QueryInput)"
+)
+"""The graph's input, as its error messages describe it."""
 
 
 class Match(TypedDict):
@@ -258,7 +273,7 @@ def _verdicts(left: list[Verdict], right: list[Verdict]) -> list[Verdict]:
 class QueryState(TypedDict, total=False):
     """The graph's state; verdicts are cleared at the start of every run."""
 
-    query: str
+    query: str | None
     rulebook: dict[str, Any] | str | None
     documents: list[Document] | None
     rules: list[Rule] | None
@@ -348,12 +363,20 @@ def _executor(context: QueryContext) -> ActionOnlyExecutor:
 # --- nodes ---------------------------------------------------------------------------
 
 
-def load_rulebook(state: QueryState) -> dict[str, Any]:
-    """Start a run: clear earlier verdicts, read the rulebook if one was given.
+def load_rulebook(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
+    """Start a run: check its input, clear earlier verdicts, read the rulebook.
 
     The run's inputs are consumed at its end (see `execute`), so on a reused thread
-    a rulebook or documents present here were given to this run.
+    a query, rulebook or documents present here were given to this run.
+
+    Raises:
+        ValueError: The input has no query, or neither a rulebook nor documents;
+            an unknown profile or template name.
+        TypeError: The query is not a string.
+        ReviewNeedsCheckpointerError: `review` is asked for a run that extracts
+            (it would pause) without a checkpointer to resume it from.
     """
+    _check_query(state)
     context = _context()
     # Unknown profile or template names fail before any model call.
     _named(context.profile, PROFILES, "profile")
@@ -369,13 +392,43 @@ def load_rulebook(state: QueryState) -> dict[str, Any]:
     given = state.get("rulebook")
     if given is None:
         if not state.get("documents"):
-            msg = "The query graph needs a rulebook, or documents to extract one from."
+            msg = (
+                "The query graph needs a rulebook, or documents to extract one "
+                f"from: expected {INPUT_SCHEMA}."
+            )
             raise ValueError(msg)
+        if context.review:
+            # The review would pause after the (paid) extraction, for good.
+            check_can_pause(
+                config,
+                "QueryContext(review=True) pauses after extraction for a person, "
+                "which needs a checkpointer: build_query_graph(checkpointer="
+                "InMemorySaver()) (or a persistent one), and a thread_id in the "
+                "run's config. Nothing was extracted.",
+            )
         return {**update, "rules": None}
     rulebook = (
         Rulebook.load(given) if isinstance(given, str) else Rulebook.from_data(given)
     )
     return {**update, "rules": list(rulebook.rules)}
+
+
+def _check_query(state: QueryState) -> None:
+    """Refuse an input without its query, naming the key and the expected input."""
+    if state.get("query") is None:
+        msg = f"The query graph's input has no 'query': expected {INPUT_SCHEMA}."
+        raise ValueError(msg)
+    if not isinstance(state["query"], str):
+        msg = (
+            f"The query graph's 'query' must be a string, not "
+            f"{type(state['query']).__name__}: expected {INPUT_SCHEMA}."
+        )
+        raise TypeError(msg)
+
+
+def _query(state: QueryState) -> str:
+    """The run's query (checked by `load_rulebook`)."""
+    return cast("str", state["query"])
 
 
 def after_load(state: QueryState) -> Literal["extract", "plan"]:
@@ -587,7 +640,7 @@ def plan(
     context = _context(default)
     engine = context.engine(retry)
     rules = _rules(state)
-    return {"plan": engine.plan(state["query"], rules, context.options(), config)}
+    return {"plan": engine.plan(_query(state), rules, context.options(), config)}
 
 
 async def aplan(
@@ -598,7 +651,7 @@ async def aplan(
     engine = context.engine(retry)
     rules = _rules(state)
     options = context.options()
-    return {"plan": await engine.aplan(state["query"], rules, options, config)}
+    return {"plan": await engine.aplan(_query(state), rules, options, config)}
 
 
 class MatchRequest(TypedDict):
@@ -685,7 +738,7 @@ def execute(
     by_id = {rule.rule_id: rule for rule in planned.candidates}
     chosen = [by_id[str(doc.id)] for doc in result.documents]
     answer = _executor(context).invoke(
-        {"input": state["query"], "rules": chosen}, config
+        {"input": _query(state), "rules": chosen}, config
     )
     matches: list[Match] = [
         {
@@ -713,6 +766,7 @@ def execute(
         "matches": matches,
         "cost": cost,
         "result": result,
+        "query": None,
         "rulebook": None,
         "documents": None,
     }
@@ -757,7 +811,8 @@ def build_query_graph(
     `{"rules": [...]}` are read too; see `review`).
 
     Args:
-        checkpointer: Needed for `review` (interrupts) and to keep threads.
+        checkpointer: Needed for `review` (interrupts; a run that would review
+            without one is refused before extraction) and to keep threads.
         cache: LangGraph node cache for judgments: a (query, rule) pair already
             judged by the same model and profile is not sent again.
         retry: Backoff for transient model errors: the judge's own retries (they

@@ -7,7 +7,6 @@ hashes and the extraction diagnostics, saved as one JSON file.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import hashlib
 import json
@@ -28,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from langchain_tag._text import TextEncodingError, decode_text
 from langchain_tag.errors import TAGError
 
 __all__ = [
@@ -312,6 +312,9 @@ class Rulebook(BaseModel):
     def load(cls, path: str | os.PathLike[str]) -> Rulebook:
         """Read a rulebook file; errors say which file, which field, what to do.
 
+        The file is UTF-8 (with or without a byte-order mark) or UTF-16 with its
+        mark, as every text file a user gives `tag` (`_text.read_text`).
+
         Raises:
             RulebookError: The file is missing, unreadable, truncated, not a rulebook,
                 from a newer release, or has an invalid field.
@@ -345,22 +348,17 @@ class Rulebook(BaseModel):
         Raises:
             RulebookError: See `load`.
         """
-        wide = wide_encoding(raw) if isinstance(raw, bytes) else None
-        if wide is not None:
-            raise RulebookError(
-                path,
-                f"is {wide} text, not UTF-8.",
-                "A rulebook is UTF-8 JSON; convert it, e.g. `iconv -f "
-                f"{wide} -t UTF-8 OLD.json > NEW.json`, or re-run extraction.",
-            )
         try:
-            # A byte-order mark, as some editors write, is not part of the JSON.
-            text = raw.decode("utf-8-sig") if isinstance(raw, bytes) else raw
-        except UnicodeDecodeError as exc:
+            # The reader of every user's text file: UTF-8 (a byte-order mark, as
+            # some editors write, is not part of the JSON) or marked UTF-16.
+            text = (
+                decode_text(raw, what=str(path or "rulebook"))
+                if isinstance(raw, bytes)
+                else raw
+            )
+        except TextEncodingError as exc:
             raise RulebookError(
-                path,
-                f"is not UTF-8 text (bad byte at offset {exc.start}).",
-                "A rulebook is UTF-8 JSON; re-save it as UTF-8 or re-run extraction.",
+                path, exc.problem, f"{exc.fix} Or re-run `tag extract`."
             ) from None
         if not text.strip():
             raise RulebookError(
@@ -480,46 +478,6 @@ def _check_consistency(rules: Sequence[Rule]) -> None:
                     f"{relation.other_rule_id!r}, which is not in the rulebook"
                 )
                 raise ValueError(msg)
-
-
-# --- encodings ---------------------------------------------------------------------
-# Rulebooks (and `tag extract`'s documents) are UTF-8. Editors on some systems save
-# UTF-16, which fails to decode or, without a byte-order mark, decodes as UTF-8 with
-# a NUL after every ASCII letter; naming the encoding lets an error say how to
-# convert the file.
-
-_BOMS = (
-    # UTF-32 first: its little-endian mark starts with UTF-16's.
-    (codecs.BOM_UTF32_LE, "UTF-32"),
-    (codecs.BOM_UTF32_BE, "UTF-32"),
-    (codecs.BOM_UTF16_LE, "UTF-16"),
-    (codecs.BOM_UTF16_BE, "UTF-16"),
-)
-_SAMPLE = 4096
-_WIDE_SHARE = 0.4
-"""Share of NUL bytes on one side of the byte pairs that marks UTF-16 text."""
-
-
-def wide_encoding(raw: bytes) -> str | None:
-    """The UTF-16 or UTF-32 encoding `raw` is in, as `iconv -f` names it, or None.
-
-    Judged by a byte-order mark, or, without one, by NUL bytes falling on one side
-    of the byte pairs, as in UTF-16 text that is mostly ASCII.
-    """
-    for bom, name in _BOMS:
-        if raw.startswith(bom):
-            return name
-    sample = raw[:_SAMPLE]
-    pairs = len(sample) // 2
-    if pairs == 0 or b"\x00" not in sample:
-        return None
-    odd = sample[1::2].count(0) / pairs
-    even = sample[0::2].count(0) / pairs
-    if odd >= _WIDE_SHARE and even < _WIDE_SHARE:
-        return "UTF-16LE"
-    if even >= _WIDE_SHARE and odd < _WIDE_SHARE:
-        return "UTF-16BE"
-    return None
 
 
 # --- atomic save ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ runs, so `tag --help` loads neither LangGraph nor the judge.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -41,8 +42,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+BROKEN_PIPE_STATUS = 141
+"""The status when the reader of stdout went away (`tag verdicts export | head -1`):
+128 + SIGPIPE, what a shell reports for any tool its closed pipe stopped."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the `tag` command; returns the exit status."""
+    """Run the `tag` command; returns the exit status.
+
+    0 on success; 2 for a problem the user can fix, printed in one line; 130 when
+    interrupted; `BROKEN_PIPE_STATUS` (141), silently, when stdout's reader stopped
+    reading early; argparse's own 2 for a bad option.
+    """
+    try:
+        try:
+            return _run(argv)
+        finally:
+            # Written here, not at exit: a reader gone is then seen below, not by
+            # the interpreter's last flush ("Exception ignored ... BrokenPipeError").
+            if sys.stdout is not None:
+                sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+        return BROKEN_PIPE_STATUS
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from langchain_tag.models import ModelNotConfiguredError  # noqa: PLC0415
     from langchain_tag.rules import RulebookError  # noqa: PLC0415
@@ -58,3 +83,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device, so what is still buffered goes nowhere.
+
+    The standard remedy (Python docs, "Note on SIGPIPE"): the interpreter flushes
+    stdout once more at exit, which would raise again on the closed pipe.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass  # not a real file (a test's capture): nothing is flushed to a pipe

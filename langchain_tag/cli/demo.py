@@ -27,7 +27,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--sections",
         help='comma-separated PEP 8 section titles, or "all" (default: Imports, '
-        "Programming Recommendations)",
+        "Programming Recommendations; Imports alone with the offline model)",
     )
     parser.add_argument(
         "--max-sections",
@@ -50,6 +50,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="use the local SmolLM2 even when a model is configured",
     )
     parser.add_argument(
+        "--local-server",
+        action="store_true",
+        help="run the offline SmolLM2 behind llama.cpp's OpenAI-compatible server "
+        "(the `llama-cpp` extra) instead of in this process",
+    )
+    parser.add_argument(
         "--model", help="model name for the default ChatOpenAI (else $TAG_MODEL)"
     )
     parser.add_argument(
@@ -67,10 +73,10 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 @contextmanager
 def _interrupts_stop(stop: Callable[[], None] | None) -> Iterator[None]:
-    """On Ctrl-C or SIGTERM, end the local server before unwinding.
+    """On Ctrl-C or SIGTERM, end the local model before unwinding.
 
-    Otherwise the calls in flight wait for the server to finish generating (it
-    ignores a client's interruption), and a SIGTERM would leave it running.
+    Otherwise the calls in flight wait for it to finish generating (a server
+    ignores a client's interruption), and a SIGTERM would leave a server running.
     """
     if stop is None:
         yield
@@ -93,6 +99,7 @@ def demo_command(args: argparse.Namespace) -> int:
     from langchain_tag.demo import (  # noqa: PLC0415 - loads the judge
         DEFAULT_SECTIONS,
         DEFAULT_WORKDIR,
+        OFFLINE_SECTIONS,
         demo_models,
         pep8_sections,
         run_demo,
@@ -101,13 +108,20 @@ def demo_command(args: argparse.Namespace) -> int:
     from langchain_tag.rules import Rulebook  # noqa: PLC0415
 
     rulebook = Rulebook.load(args.rulebook) if args.rulebook else None
-    chosen = args.sections or ",".join(DEFAULT_SECTIONS)
+    from langchain_tag.models import environment_configures_model  # noqa: PLC0415
+
+    offline = args.offline or not environment_configures_model()
+    default = OFFLINE_SECTIONS if offline else DEFAULT_SECTIONS
+    chosen = args.sections or ",".join(default)
     titles = None if chosen.strip().lower() == "all" else chosen.split(",")
     sections = pep8_sections(titles, args.max_sections)
     try:
         with (
             demo_models(
-                offline=args.offline, model=args.model, logprobs=not args.no_logprobs
+                offline=args.offline,
+                model=args.model,
+                logprobs=not args.no_logprobs,
+                local_server=args.local_server,
             ) as models,
             _interrupts_stop(models.stop),
         ):

@@ -6,7 +6,9 @@ Options are checked by argparse types that say which option is wrong and why.
 from __future__ import annotations
 
 import argparse
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 from langchain_tag.errors import TAGError
 
@@ -53,3 +55,33 @@ def probability(text: str) -> float:
         msg = f"must be a number in [0, 1], got {text!r}"
         raise argparse.ArgumentTypeError(msg)
     return value
+
+
+def check_writable(path: Path, *, example: str, not_done: str) -> None:
+    """Refuse an output path that cannot be written, before any work is done.
+
+    Args:
+        path: The `-o` path.
+        example: A file name to suggest inside `path` when it is a directory.
+        not_done: What the command did not do, for the message ("extracted").
+
+    Raises:
+        CommandError: `path` is a directory, or cannot be created or written.
+    """
+    problem = None
+    if path.is_dir():
+        problem = f"is a directory; name the file, e.g. {path / example}"
+    else:
+        parent = path.parent
+        existing = next(p for p in (parent, *parent.parents) if p.exists())
+        if not existing.is_dir():
+            problem = f"cannot be created: {existing} is not a directory"
+        else:
+            try:
+                with tempfile.NamedTemporaryFile(dir=existing, prefix=".tag-check-"):
+                    pass
+            except OSError as error:
+                problem = f"cannot be written ({error.strerror}); choose another path"
+    if problem is not None:
+        msg = f"-o {path}: {problem}. Nothing was {not_done}."
+        raise CommandError(msg)

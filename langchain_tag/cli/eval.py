@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from langchain_tag.cli._warnings import failed_judgments
 from langchain_tag.cli.errors import CommandError
 from langchain_tag.data import DATA_DIR_ENV, shared_data_dir
 
@@ -381,13 +382,18 @@ def run_eval_command(args: argparse.Namespace) -> int:
     )
     for notice in dict.fromkeys(notices):
         print(f"tag eval: {notice}", file=sys.stderr)  # noqa: T201
+    # A judge that flags failed judgments warns per input: one line for the run.
     if args.suite == "phases":
         if judge is None:
             msg = "--suite phases extracts with the judge model: configure one."
             raise CommandError(msg)
-        results = _phase_suite(args, loaded[0], judge, executor)
+        with failed_judgments("eval"):
+            results = _phase_suite(args, loaded[0], judge, executor)
         return _report(args, results, [])
-    results, diagnostics = _evaluate(args, loaded, patterns, (judge, cheap, executor))
+    with failed_judgments("eval"):
+        results, diagnostics = _evaluate(
+            args, loaded, patterns, (judge, cheap, executor)
+        )
     return _report(args, results, diagnostics)
 
 

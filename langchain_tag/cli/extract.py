@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from langchain_tag._text import describe_error
-from langchain_tag.cli.errors import CommandError, at_least, model_failed
+from langchain_tag._text import describe_error, read_text
+from langchain_tag.cli.errors import (
+    CommandError,
+    at_least,
+    check_writable,
+    model_failed,
+)
 
 if TYPE_CHECKING:
     from langchain_core.documents import Document
+
+    from langchain_tag.extraction import ExtractionReport
+    from langchain_tag.rules import Rulebook
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -66,6 +73,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="phase-4 pairs merged into one rule: only duplicates (default, the "
         "method), or also pairs the model marked preferred_action merge",
     )
+    extract.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="write the rulebook even when model answers that could not be read "
+        "left sections or spans without a rule (default: exit 2, write nothing)",
+    )
     extract.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     extract.set_defaults(handler=extract_command)
 
@@ -74,13 +87,11 @@ def read_documents(paths: Sequence[str]) -> list[Document]:
     """Read text files as documents, with errors that name the file and the fix."""
     from langchain_core.documents import Document  # noqa: PLC0415
 
-    from langchain_tag.rules import wide_encoding  # noqa: PLC0415
-
     documents = []
     for name in paths:
         path = Path(name)
         try:
-            raw = path.read_bytes()
+            text = read_text(path, what=name)
         except FileNotFoundError:
             msg = f"{name}: no such file."
             raise CommandError(msg) from None
@@ -90,58 +101,11 @@ def read_documents(paths: Sequence[str]) -> list[Document]:
         except OSError as error:
             msg = f"{name}: cannot be read ({error.strerror})."
             raise CommandError(msg) from None
-        wide = wide_encoding(raw)
-        if wide is not None:
-            msg = (
-                f"{name}: {wide} text, not UTF-8. Convert it first, e.g. `iconv -f "
-                f"{wide} -t utf-8 {name} > {path.stem}.utf8{path.suffix}`."
-            )
-            raise CommandError(msg)
-        try:
-            text = raw.decode("utf-8-sig")
-        except UnicodeDecodeError as error:
-            msg = (
-                f"{name}: not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
-                f"{error.start}). Convert it first, e.g. `iconv -f latin1 -t utf-8 "
-                f"{name} > {path.stem}.utf8{path.suffix}`; PDFs and word-processor "
-                "files need a LangChain document loader and the Python API."
-            )
-            raise CommandError(msg) from None
-        if "\x00" in text:
-            msg = (
-                f"{name}: contains NUL bytes (at offset {text.index(chr(0))}), so it "
-                "is not a text file; extract from its text, e.g. with a LangChain "
-                "document loader and the Python API."
-            )
-            raise CommandError(msg)
         if not text.strip():
             msg = f"{name}: the file is empty."
             raise CommandError(msg)
         documents.append(Document(page_content=text, metadata={"source": str(path)}))
     return documents
-
-
-def check_writable(path: Path) -> None:
-    """Refuse an output path that cannot be written, before any model call."""
-    problem = None
-    if path.is_dir():
-        problem = "is a directory; name the rulebook file, e.g. " + str(
-            path / "rulebook.json"
-        )
-    else:
-        parent = path.parent
-        existing = next(p for p in (parent, *parent.parents) if p.exists())
-        if not existing.is_dir():
-            problem = f"cannot be created: {existing} is not a directory"
-        else:
-            try:
-                with tempfile.NamedTemporaryFile(dir=existing, prefix=".tag-check-"):
-                    pass
-            except OSError as error:
-                problem = f"cannot be written ({error.strerror}); choose another path"
-    if problem is not None:
-        msg = f"-o {path}: {problem}. Nothing was extracted."
-        raise CommandError(msg)
 
 
 class Progress:
@@ -173,49 +137,34 @@ class Progress:
 
 def extract_command(args: argparse.Namespace) -> int:
     """Run `tag extract`."""
-    from langchain_tag.extraction import (  # noqa: PLC0415 - loads langgraph
-        DEFAULT_CHECKPOINT,
-        ExtractionReport,
-        extract_rules,
-    )
-    from langchain_tag.models import default_chat_model  # noqa: PLC0415
+    from langchain_tag.extraction import ExtractionReport  # noqa: PLC0415
 
-    check_writable(Path(args.output))
+    check_writable(Path(args.output), example="rulebook.json", not_done="extracted")
     documents = read_documents(args.files)
-    llm = default_chat_model(model=args.model) if args.model else default_chat_model()
-    progress = None if args.quiet else Progress(sys.stderr)
-    try:
-        rulebook = extract_rules(
-            documents,
-            llm=llm,
-            domain=args.domain,
-            skip_phases=args.skip_phase,
-            checkpoint=None if args.no_checkpoint else args.checkpoint,
-            max_concurrency=args.max_concurrency,
-            on_progress=progress,
-            max_section_tokens=args.max_section_tokens,
-            faithfulness_mode=args.faithfulness,
-            merge=args.merge,
+    rulebook, ran = _extract(args, documents)
+    report = ExtractionReport.model_validate(rulebook.diagnostics)
+    if not ran:
+        # A finished run is returned as it was stored: its counts are not this run's.
+        print(  # noqa: T201
+            f"reused the finished extraction stored in {_checkpoint(args)} (same "
+            "documents, domain, model and settings): this run made 0 LLM calls."
         )
-    except Exception as error:
-        if not model_failed(error):
-            raise
-        where = DEFAULT_CHECKPOINT if args.checkpoint == "default" else args.checkpoint
-        kept = (
-            "nothing was kept (--no-checkpoint): run again without it to make runs "
-            "resumable"
-            if args.no_checkpoint
-            else f"every answer received so far is kept in {where}: run the same "
-            "command again to resume where it stopped"
-        )
-        msg = (
-            "extraction stopped: the model failed after its retries "
-            f"({describe_error(error)}); {kept}."
-        )
-        raise CommandError(msg) from error
-    finally:
-        if progress is not None:
-            progress.close()
+    print(report.format(stored=not ran))  # noqa: T201
+    lost = " and ".join(_losses(report))
+    problem = (
+        f"{'incomplete' if len(rulebook) else 'no rule extracted'}: "
+        f"{_unreadable(report)}, so {lost}."
+        if lost
+        else ""
+    )
+    if lost and not (args.allow_incomplete and len(rulebook)):
+        msg = f"{problem} {_resume(args)}"
+        if len(rulebook):
+            msg += (
+                f" Or pass --allow-incomplete to write the {len(rulebook)} rules kept."
+            )
+        msg += f" Nothing was written to {args.output}."
+        raise CommandError(msg)
     try:
         rulebook.save(args.output)
     except OSError as error:
@@ -225,6 +174,113 @@ def extract_command(args: argparse.Namespace) -> int:
             "without new model calls."
         )
         raise CommandError(msg) from error
-    print(ExtractionReport.model_validate(rulebook.diagnostics).format())  # noqa: T201
-    print(f"\nwrote {len(rulebook)} rules to {args.output}")  # noqa: T201
+    incomplete = f" (incomplete: {lost})" if lost else ""
+    print(f"\nwrote {len(rulebook)} rules to {args.output}{incomplete}")  # noqa: T201
+    if report.unreadable:
+        # Written, but a re-run asks those answers again: say so.
+        warning = problem or f"{_unreadable(report)}."
+        print(  # noqa: T201
+            f"tag extract: warning: {warning} {_resume(args)}", file=sys.stderr
+        )
     return 0
+
+
+def _extract(
+    args: argparse.Namespace, documents: list[Document]
+) -> tuple[Rulebook, bool]:
+    """The rulebook, and whether the graph ran (False: a finished run reused)."""
+    from langchain_tag.extraction import extract_rules  # noqa: PLC0415
+    from langchain_tag.models import default_chat_model  # noqa: PLC0415
+
+    llm = default_chat_model(model=args.model) if args.model else default_chat_model()
+    progress = None if args.quiet else Progress(sys.stderr)
+    finished: list[str] = []
+
+    def on_progress(node: str, done: int) -> None:
+        finished.append(node)
+        if progress is not None:
+            progress(node, done)
+
+    try:
+        rulebook = extract_rules(
+            documents,
+            llm=llm,
+            domain=args.domain,
+            skip_phases=args.skip_phase,
+            checkpoint=None if args.no_checkpoint else args.checkpoint,
+            max_concurrency=args.max_concurrency,
+            on_progress=on_progress,
+            max_section_tokens=args.max_section_tokens,
+            faithfulness_mode=args.faithfulness,
+            merge=args.merge,
+        )
+    except Exception as error:
+        if not model_failed(error):
+            raise
+        kept = (
+            "nothing was kept (--no-checkpoint): run again without it to make runs "
+            "resumable"
+            if args.no_checkpoint
+            else f"every answer received so far is kept in {_checkpoint(args)}: run "
+            "the same command again to resume where it stopped"
+        )
+        msg = (
+            "extraction stopped: the model failed after its retries "
+            f"({describe_error(error)}); {kept}."
+        )
+        raise CommandError(msg) from error
+    finally:
+        if progress is not None:
+            progress.close()
+    return rulebook, bool(finished)
+
+
+def _checkpoint(args: argparse.Namespace) -> str:
+    from langchain_tag.extraction import DEFAULT_CHECKPOINT  # noqa: PLC0415
+
+    return str(DEFAULT_CHECKPOINT if args.checkpoint == "default" else args.checkpoint)
+
+
+def _losses(report: ExtractionReport) -> list[str]:
+    """What unreadable model answers cost the rulebook; empty if nothing was lost.
+
+    An unreadable phase-1 answer loses its section; unreadable phase-3 answers lose
+    spans that re-extraction could not cover either. Other unreadable answers
+    (relations, atomic units kept whole) lose no rule.
+    """
+    unreadable = report.unreadable
+    if not unreadable:
+        return []
+    parts = []
+    if sections := sum(unreadable.get("spans", {}).values()):
+        parts.append(f"{sections} section(s) were not read")
+    if spans := len(report.uncovered_after_recovery):
+        parts.append(f"{spans} span(s) were left without a rule")
+    if not parts and not report.rules:
+        parts.append("no rule was kept")
+    return parts
+
+
+def _unreadable(report: ExtractionReport) -> str:
+    """`N model answer(s) could not be read (phase: reason=n; ...)`."""
+    found = report.unreadable
+    answers = sum(n for problems in found.values() for n in problems.values())
+    detail = "; ".join(
+        f"{phase}: " + ", ".join(f"{k}={n}" for k, n in sorted(problems.items()))
+        for phase, problems in found.items()
+    )
+    return f"{answers} model answer(s) could not be read ({detail})"
+
+
+def _resume(args: argparse.Namespace) -> str:
+    """How to get the answers that could not be read without paying twice."""
+    if args.no_checkpoint:
+        return (
+            "Nothing was kept (--no-checkpoint): run again without it, so that a "
+            "re-run asks only those answers again; or use a stronger --model."
+        )
+    return (
+        "Run the same command again to ask only those again: the answers already "
+        f"paid for are kept in {_checkpoint(args)}. If the same answers come back, "
+        "use a stronger --model."
+    )

@@ -2,7 +2,9 @@
 
 Trains a `LearnedPrefilter` on the verdicts the judge logged (see `tag verdicts`)
 and saves it; load it with `LearnedPrefilter.load(MODEL, rulebook)` and pass it as
-`TAGRetriever(prefilter=...)`. Imports the learner only when the command runs.
+`TAGRetriever(prefilter=...)`. The model path is checked before anything is read,
+and the log is read only (see `tag verdicts`). Imports the learner only when the
+command runs.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from langchain_tag.cli.errors import CommandError, probability
-from langchain_tag.cli.verdicts import DEFAULT_LOG, open_log
+from langchain_tag.cli.errors import CommandError, check_writable
+from langchain_tag.cli.verdicts import DEFAULT_LOG, reading
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -34,12 +36,25 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     train.add_argument("-o", "--output", required=True, help="the model file (.npz)")
     train.add_argument(
         "--target-recall",
-        type=probability,
+        type=target_recall,
         default=0.95,
-        help="share of the judge's YES verdicts to keep (default 0.95)",
+        help="share of the judge's YES verdicts to keep, in (0, 1] (default 0.95)",
     )
     train.add_argument("--table", help="the verdicts table, if not the default")
     parser.set_defaults(handler=prefilter_command)
+
+
+def target_recall(text: str) -> float:
+    """An argparse type: a number in (0, 1], what `LearnedPrefilter` accepts."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    # LearnedPrefilter.target_recall: gt=0, le=1 (nan fails both comparisons).
+    if not 0.0 < value <= 1.0:
+        msg = f"must be a number in (0, 1], got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
 
 
 def prefilter_command(args: argparse.Namespace) -> int:
@@ -47,13 +62,12 @@ def prefilter_command(args: argparse.Namespace) -> int:
     from langchain_tag.learning.learned_prefilter import LearnedPrefilter  # noqa: PLC0415
     from langchain_tag.rules import Rulebook  # noqa: PLC0415
 
+    output = Path(args.output)
+    check_writable(output, example="prefilter.npz", not_done="trained")
     rulebook = Rulebook.load(args.rulebook)
-    log = open_log(args.log, args.table)
-    try:
+    with reading(args.log, args.table) as log:
         prefilter = LearnedPrefilter(rulebook, target_recall=args.target_recall)
         report = prefilter.fit(log.examples(rulebook))
-    finally:
-        log.close()
     if not report.count("learned") + report.count("skipped"):
         msg = (
             f"no rule of {args.rulebook} has enough logged verdicts to learn from "
@@ -61,7 +75,14 @@ def prefilter_command(args: argparse.Namespace) -> int:
             "inputs with a verdict_log first."
         )
         raise CommandError(msg)
-    path = prefilter.save(Path(args.output))
+    try:
+        path = prefilter.save(output)
+    except OSError as error:
+        msg = (
+            f"-o {output}: cannot be written ({error.strerror or error}); the "
+            "training is lost, run again with another -o."
+        )
+        raise CommandError(msg) from error
     print(  # noqa: T201
         f"trained on {report.examples:,} verdicts over {report.inputs:,} inputs in "
         f"{report.seconds:.2f} s: {report.count('learned')} rules learned, "

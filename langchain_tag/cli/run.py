@@ -9,11 +9,13 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from langchain_tag._text import describe_error
+from langchain_tag._text import STANDARD_INPUT, describe_error, read_text
 from langchain_tag.cli.errors import CommandError, at_least, model_failed, probability
 
 if TYPE_CHECKING:
     from langchain_core.callbacks import UsageMetadataCallbackHandler
+
+    from langchain_tag.rules import Rulebook
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -70,43 +72,96 @@ def run_command(args: argparse.Namespace) -> int:
     from langchain_tag.rules import Rulebook  # noqa: PLC0415
 
     rulebook = Rulebook.load(args.rulebook)
-    text = sys.stdin.read() if args.input == "-" else args.input
+    if not rulebook.rules:
+        raise CommandError(_no_rules(args.rulebook, rulebook))
+    text = _read_input(args.input)
     llm = default_chat_model(model=args.model) if args.model else default_chat_model()
+    from langchain_tag.cli._warnings import failed_judgments  # noqa: PLC0415
+    from langchain_tag.matching import JudgmentError  # noqa: PLC0415
+
     usage = UsageMetadataCallbackHandler()
     started = time.perf_counter()
     try:
-        output = build_query_graph().invoke(
-            {"query": text, "rulebook": rulebook.model_dump(mode="json")},
-            {"callbacks": [usage], "max_concurrency": args.max_concurrency},
-            context=QueryContext(
-                judge_model=llm,
-                k=args.k,
-                score_threshold=args.score_threshold,
-                logprobs=args.logprobs,
-                profile=args.profile,
-                template=args.template,
-                on_error=args.on_error,
-                max_concurrency=args.max_concurrency,
-            ),
-        )
+        # Judgments failed under --on-error not_applicable: one line, at the end.
+        with failed_judgments("run", "--on-error not_applicable"):
+            output = build_query_graph().invoke(
+                {"query": text, "rulebook": rulebook.model_dump(mode="json")},
+                {"callbacks": [usage], "max_concurrency": args.max_concurrency},
+                context=QueryContext(
+                    judge_model=llm,
+                    k=args.k,
+                    score_threshold=args.score_threshold,
+                    logprobs=args.logprobs,
+                    profile=args.profile,
+                    template=args.template,
+                    on_error=args.on_error,
+                    max_concurrency=args.max_concurrency,
+                ),
+            )
     except Exception as error:
         if not model_failed(error):
             raise
-        advice = (
-            "try again later"
-            if CallRetry().is_transient(error)
-            else "its answer cannot be read, and at temperature 0 asking again gives "
-            "the same answer: use a stronger model, or --on-error not_applicable to "
-            "go on with such rules flagged as unjudged"
+        # JudgmentError's own advice names the Python API's on_error: its cause only.
+        cause = (
+            f"judging rule {error.rule_id!r} failed: {error.error}"
+            if isinstance(error, JudgmentError)
+            else describe_error(error)
         )
+        if CallRetry().is_transient(error):
+            advice = "try again later"
+        elif isinstance(error, JudgmentError) and error.unreadable:
+            advice = (
+                "its answer cannot be read, and at temperature 0 asking again gives "
+                "the same answer: use a stronger --model, or --on-error "
+                "not_applicable to go on with such rules flagged as unjudged"
+            )
+        else:
+            advice = "the error is not transient: asking again fails the same way"
         msg = (
-            f"no answer: the model failed after its retries ({describe_error(error)}). "
+            f"no answer: the model failed after its retries ({cause}). "
             f"Nothing was assumed about any rule; {advice}."
         )
         raise CommandError(msg) from error
     seconds = time.perf_counter() - started
     print(_format_run(output, len(rulebook), usage, seconds))  # noqa: T201
     return 0
+
+
+def _read_input(given: str) -> str:
+    """The input: `given`, or standard input for "-"; never blank."""
+    if given != "-":
+        what = "the input"
+        text = given
+    else:
+        what = STANDARD_INPUT
+        # Read as bytes, decoded by the reader of every user's text: a locale's
+        # decoding would turn a Latin-1 byte into a lone surrogate, or fail unnamed.
+        raw = getattr(sys.stdin, "buffer", None)
+        text = read_text(raw) if raw is not None else sys.stdin.read()
+    if not text.strip():
+        # Judging no text costs nothing, but executing nothing still pays a call,
+        # and models answer nothing with nothing: a traceback, not an answer.
+        fix = (
+            "Pipe the text in, e.g. `tag run RULEBOOK - < input.txt`."
+            if given == "-"
+            else 'Pass the text to check, or "-" to read it from standard input.'
+        )
+        msg = f"{what} is empty or blank: there is nothing to match. {fix}"
+        raise CommandError(msg)
+    return text
+
+
+def _no_rules(path: str, rulebook: Rulebook) -> str:
+    """Why a rulebook without rules is refused: how it was made, what to do."""
+    sources = ", ".join(d.source or d.document_id for d in rulebook.documents)
+    made = (
+        f"`tag extract` wrote it from {sources} and kept no rule; its extraction "
+        "report (the file's diagnostics) says why. Re-run `tag extract` on the "
+        "documents that state your rules"
+        if sources
+        else f"Add rules to it, or extract them with `tag extract DOCUMENTS -o {path}`"
+    )
+    return f"{path}: the rulebook holds no rules, so there is nothing to match. {made}."
 
 
 def _format_run(

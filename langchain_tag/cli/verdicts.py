@@ -1,15 +1,19 @@
 """`tag verdicts stats|export [LOG]`: what the verdict log holds; all of it as JSONL.
 
 LOG is an SQLite file or a `postgresql://` URI (default
-`.langchain-tag/verdicts.sqlite`). The log is imported when the command runs, so
-`tag --help` loads neither it nor the judge.
+`.langchain-tag/verdicts.sqlite`). The log is opened read-only: a missing log, or
+a database without its tables, is refused rather than created. The log is imported
+when the command runs, so `tag --help` loads neither it nor the judge.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +25,10 @@ if TYPE_CHECKING:
     from langchain_tag.learning.verdict_log import VerdictLog, VerdictLogStats
 
 DEFAULT_LOG = Path(".langchain-tag") / "verdicts.sqlite"
+
+# Settings of a model's identity (`models.model_identity`) that name the model.
+_NAME_FIELDS = ("model", "model_name", "model_id", "deployment_name", "repo_id")
+_RULES_SHOWN = 5
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -66,8 +74,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def verdicts_command(args: argparse.Namespace) -> int:
     """Run `tag verdicts stats|export`."""
-    log = open_log(args.log, args.table)
-    try:
+    with reading(args.log, args.table) as log:
         if args.action == "stats":
             stats = log.stats()
             print(  # noqa: T201
@@ -76,20 +83,66 @@ def verdicts_command(args: argparse.Namespace) -> int:
                 else _format_stats(args.log, stats, rules=args.rules)
             )
             return 0
+        _check_export(args.log, log, args.rules)
         if args.output is None:
             log.export(sys.stdout, rule_ids=args.rules)
             return 0
-        with Path(args.output).open("w", encoding="utf-8") as out:
+        try:
+            out = Path(args.output).open("w", encoding="utf-8")  # noqa: SIM115
+        except OSError as error:
+            msg = f"-o {args.output}: cannot be written ({error.strerror or error})."
+            raise CommandError(msg) from None
+        with out:
             written = log.export(out, rule_ids=args.rules)
         print(f"wrote {written} records to {args.output}", file=sys.stderr)  # noqa: T201
         return 0
-    finally:
-        log.close()
+
+
+def _check_export(location: str, log: VerdictLog, rule_ids: list[str] | None) -> None:
+    """Refuse an export of rules the log has no verdict on; note an empty one.
+
+    Raises:
+        CommandError: None of `rule_ids` is in the log (a typo, most likely).
+    """
+    where = f"the verdict log {_redacted(location)}"
+    if not rule_ids:
+        if not len(log):
+            print(f"{where} holds no verdicts.", file=sys.stderr)  # noqa: T201
+        return
+    stats = log.stats()
+    absent = [
+        rule_id for rule_id in dict.fromkeys(rule_ids) if rule_id not in stats.per_rule
+    ]
+    if len(absent) < len(set(rule_ids)):
+        if absent:
+            print(  # noqa: T201
+                f"{where} holds no verdicts on {', '.join(absent)}; exporting the "
+                "other rules'.",
+                file=sys.stderr,
+            )
+        return
+    held = list(stats.per_rule)
+    sample = ", ".join(held[:_RULES_SHOWN]) + (
+        ", ..." if len(held) > _RULES_SHOWN else ""
+    )
+    msg = (
+        f"{where} holds no verdicts on {', '.join(absent)}: it has {stats.verdicts:,} "
+        f"verdicts on {stats.rules:,} rules{f' ({sample})' if sample else ''}; "
+        "`tag verdicts stats --rules` lists them. Nothing was exported."
+    )
+    raise CommandError(msg)
 
 
 def open_log(location: str, table: str | None) -> VerdictLog:
-    """The verdict log at `location`, or a one-line error naming what is wrong."""
-    from langchain_tag.learning.verdict_log import open_verdict_log  # noqa: PLC0415
+    """The verdict log at `location`, opened read-only, or a one-line error.
+
+    A missing file, or a database without the log's tables (or without `table`),
+    is refused: reading never creates a log.
+    """
+    from langchain_tag.learning.verdict_log import (  # noqa: PLC0415
+        MissingVerdictLogError,
+        open_verdict_log,
+    )
 
     postgres = location.startswith(("postgresql://", "postgres://"))
     if not postgres and not Path(location).is_file():
@@ -98,14 +151,50 @@ def open_log(location: str, table: str | None) -> VerdictLog:
             "postgresql:// URI) the judge logs to."
         )
         raise CommandError(msg)
+    options = {"table": table} if table else {}
     try:
-        return open_verdict_log(location, **({"table": table} if table else {}))
+        return open_verdict_log(location, read_only=True, **options)
+    except MissingVerdictLogError as error:
+        hint = f"check --table {table}" if table else "the log's table with --table"
+        msg = f"{error}; give the file (or URI) the judge logs to, or {hint}."
+        raise CommandError(msg) from error
     except Exception as error:
         msg = (
             f"cannot open the verdict log {_redacted(location)}: "
             f"{describe_error(error)}"
         )
         raise CommandError(msg) from error
+
+
+@contextmanager
+def reading(location: str, table: str | None) -> Iterator[VerdictLog]:
+    """The log at `location` (see `open_log`), closed after; its errors in one line.
+
+    Raises:
+        CommandError: The log cannot be opened, or the database fails while it is
+            read (a lock held too long, a lost connection).
+    """
+    log = open_log(location, table)
+    try:
+        yield log
+    except Exception as error:
+        if not _database_error(error):
+            raise
+        msg = (
+            f"cannot read the verdict log {_redacted(location)}: "
+            f"{describe_error(error)}"
+        )
+        raise CommandError(msg) from error
+    finally:
+        log.close()
+
+
+def _database_error(error: BaseException) -> bool:
+    """Whether `error` is a DB-API error (SQLite's or psycopg's)."""
+    return any(
+        kind.__name__ in {"DatabaseError", "InterfaceError"}
+        for kind in type(error).__mro__
+    )
 
 
 def _redacted(location: str) -> str:
@@ -121,8 +210,41 @@ def _when(seconds: float | None) -> str:
     )
 
 
-def _counts(counts: dict[str, int]) -> str:
+def _counts(counts: Mapping[str, int]) -> str:
     return "; ".join(f"{name or '(none)'} {n:,}" for name, n in counts.items()) or "-"
+
+
+def _model_label(identity: str) -> str:
+    """A model's identity (`models.model_identity`) as `name @ endpoint`.
+
+    The identity is the model's class and every setting, as JSON: too long for a
+    line. Anything else (a name a caller logged) is shown as it is.
+    """
+    kind, _, settings = identity.partition(":")
+    try:
+        params = json.loads(settings)
+    except ValueError:
+        return identity
+    if not isinstance(params, dict):
+        return identity
+    name = next(
+        (str(params[key]) for key in _NAME_FIELDS if params.get(key)),
+        kind.rsplit(".", 1)[-1],
+    )
+    endpoint = next(
+        (str(v) for k, v in sorted(params.items()) if k.startswith("endpoint:") and v),
+        None,
+    )
+    return name if endpoint is None else f"{name} @ {_redacted(endpoint)}"
+
+
+def _by_label(by_model: Mapping[str, int]) -> dict[str, int]:
+    """The verdicts per model label; identities that differ only in settings add up."""
+    labels: dict[str, int] = {}
+    for identity, n in by_model.items():
+        label = _model_label(identity)
+        labels[label] = labels.get(label, 0) + n
+    return dict(sorted(labels.items()))
 
 
 def _format_stats(location: str, stats: VerdictLogStats, *, rules: bool) -> str:
@@ -141,7 +263,7 @@ def _format_stats(location: str, stats: VerdictLogStats, *, rules: bool) -> str:
         f"  oldest     {_when(stats.oldest)}",
         f"  newest     {_when(stats.newest)}",
         f"  by source  {_counts(stats.by_source)}",
-        f"  by model   {_counts(stats.by_model)}",
+        f"  by model   {_counts(_by_label(stats.by_model))}",
     ]
     if rules:
         width = max((len(rule_id) for rule_id in stats.per_rule), default=4)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import functools
 import gzip
+import io
 import json
 import os
 import re
@@ -29,9 +30,12 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
+from langchain_tag._text import TextEncodingError, read_text
 from langchain_tag.data import DATA_DIR_ENV, shared_data_dir
 from langchain_tag.errors import TAGError
 from langchain_tag.rules import Rule, Rulebook, SourceDocument, SourceSpan
@@ -785,9 +789,28 @@ class LabelledInput(BaseModel):
         default=None, description="The expected answer, to score the executor's."
     )
 
+    @field_validator("applicable", mode="before")
+    @classmethod
+    def _a_list(cls, value: object) -> object:
+        # Refused by pydantic as "not a valid tuple": a type no JSON file holds.
+        if isinstance(value, (list, tuple)):
+            return value
+        if isinstance(value, str):
+            given = f"the string {value!r}"
+        elif isinstance(value, dict):
+            given = "an object"
+        else:
+            given = json.dumps(value)
+        kind = "list_of_rule_ids"
+        msg = (
+            'must be a list of rule ids, e.g. ["R-1", "R-2"], or [] when no rule '
+            "applies; got {given}"
+        )
+        raise PydanticCustomError(kind, msg, {"given": given})
+
 
 def load_labelled(path: str | os.PathLike[str]) -> list[LabelledInput]:
-    """Read a JSON-lines file of labelled inputs.
+    """Read a JSON-lines file of labelled inputs (UTF-8, or UTF-16 with its mark).
 
     Each line is `{"input": ..., "applicable": [rule ids]}`, optionally with
     `"reference"` (the expected answer) and `"id"` (default `line-N`). Unknown fields
@@ -795,8 +818,10 @@ def load_labelled(path: str | os.PathLike[str]) -> list[LabelledInput]:
 
     Raises:
         DataNotFoundError: The file is missing.
-        DatasetError: A line is not JSON or not such a record (file, line, field
-            named), ids repeat, or the file holds no input.
+        DatasetError: The file cannot be read or is in another encoding (file,
+            line and byte named, as `_text.read_text` says), a line is not JSON or
+            not such a record (file, line, field named), ids repeat, or the file
+            holds no input.
     """
     source = Path(path)
     if not source.is_file():
@@ -810,8 +835,16 @@ def load_labelled(path: str | os.PathLike[str]) -> list[LabelledInput]:
             raise TypeError(msg)
         return LabelledInput.model_validate({"id": where.replace(" ", "-"), **record})
 
-    with source.open(encoding="utf-8") as lines:
-        records = [(where, (where, r)) for where, r in _json_lines(source, lines)]
+    try:
+        text = read_text(source)
+    except TextEncodingError as error:
+        raise DatasetError(str(error)) from None
+    except OSError as error:
+        msg = f"{source}: cannot be read ({error.strerror}); check its permissions."
+        raise DatasetError(msg) from None
+    # Universal newlines, as `open` reads: "line N" is the line an editor shows.
+    lines = io.StringIO(text, newline=None)
+    records = [(where, (where, r)) for where, r in _json_lines(source, lines)]
     inputs = _build_all(source, records, build)
     if not inputs:
         msg = f"{source} holds no labelled input."

@@ -4,9 +4,11 @@
 reads the input and the rule id out of the judge's prompt and answers YES exactly
 when that rule is gold for that input. Put it where a real judge model goes
 (`ApplicabilityJudge`, `TAGRetriever`, the query graph's `judge_model`) and the
-whole pipeline runs as usual, every judgment one counted model call, with perfect
+whole pipeline runs as usual, every judgment one counted call, with perfect
 matching: the result is what TAG would score with a flawless judge. It is an
-evaluation oracle and must never be reported as a model.
+evaluation oracle and must never be reported as a model: `CallCounter` counts its
+answers as `oracle_calls`, and the results tables as oracle look-ups (what a judge
+model would have to be called for), not LLM calls.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pydantic import PrivateAttr
 
 from langchain_tag._delimiters import escape_delimiters
 from langchain_tag.errors import TAGError
+from langchain_tag.evaluation.usage import ORACLE_LLM_TYPE
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     ApplicabilityJudge,
@@ -78,7 +81,8 @@ class OracleChatModel(BaseChatModel):
 
     @property
     def _llm_type(self) -> str:
-        return "tag-oracle"
+        # What `CallCounter` tells the oracle's look-ups from model calls by.
+        return ORACLE_LLM_TYPE
 
     @property
     def _identifying_params(self) -> dict[str, Any]:

@@ -6,6 +6,11 @@ mismatch diagnostic of the similarity scorers follows. CSV and JSON hold every
 field of every `EvalResult` (`diagnostic.json` the diagnostics). The plot
 (matplotlib, the `eval` extra) puts each method at (LLM calls per input, quality)
 and (units given to the executor per input, quality), one row of panels per task.
+
+The oracle's answers are read from the gold labels: the tables count them as
+oracle look-ups, never as LLM calls, and say what a judge model in the oracle's
+place would cost; the plot puts the oracle at those calls, so it is compared with
+TAG at TAG's cost.
 """
 
 from __future__ import annotations
@@ -184,6 +189,7 @@ def _diagnostic_section(diagnostics: Sequence[DiagnosticResult]) -> str:
 def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
     ran = [r for r in rows if r.status == "ok"]
     graded = any(r.grader_calls for r in ran)
+    looked_up = any(r.oracle_lookups for r in ran)
     quality = [
         metric for metric in METRICS[task] if any(metric.key in r.metrics for r in ran)
     ]
@@ -193,6 +199,7 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
         "n",
         *(metric.heading for metric in quality),
         "LLM calls",
+        *(["oracle look-ups"] if looked_up else []),
         "calls/input",
         "tokens in",
         "tokens out",
@@ -209,7 +216,8 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
             r.units,
             r.n,
             *(r.metrics.get(metric.key) for metric in quality),
-            r.llm_calls,
+            r.model_calls,
+            *([r.oracle_lookups] if looked_up else []),
             r.calls_per_input,
             r.input_tokens,
             r.output_tokens,
@@ -233,8 +241,14 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
     for r in rows:
         if r.status == "skipped":
             skipped.setdefault(r.skip_reason or "", []).append(r.method)
-    if notes or failures:
-        lines += ["", *(f"Note: {note}." for note in notes), *failures]
+    lookups = [_lookups_line(r) for r in ran if r.oracle_lookups]
+    if notes or lookups or failures:
+        lines += [
+            "",
+            *(f"Note: {note}." for note in notes),
+            *lookups,
+            *failures,
+        ]
     if skipped:
         lines += [
             "",
@@ -242,6 +256,17 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
             *(f"- {', '.join(names)}: {reason}" for reason, names in skipped.items()),
         ]
     return "\n".join(lines)
+
+
+def _lookups_line(result: EvalResult) -> str:
+    """What the oracle's look-ups of `result` are, and what a model would cost."""
+    per_input = result.oracle_lookups / result.n if result.n else 0.0
+    return (
+        f"Oracle look-ups of {result.method}: {result.oracle_lookups:,} "
+        f"({per_input:.1f} per input), answered from the gold labels, not LLM calls: "
+        "no model ran, no tokens, nothing paid. A judge model in the oracle's place "
+        f"would make {result.oracle_lookups:,} calls, at its price."
+    )
 
 
 def _notes(rows: Sequence[EvalResult]) -> list[str]:
@@ -339,7 +364,8 @@ def plot_cost_quality(
     """Plot each task's main quality metric against cost, as a PNG.
 
     One row per task that has a quality metric, two panels: x = LLM calls per
-    input and x = units given to the executor per input, both on a symmetric-log
+    input (the oracle's look-ups counted as the judge calls they stand for) and
+    x = units given to the executor per input, both on a symmetric-log
     scale (linear below 1, so methods without calls or units sit at 0). Points are
     coloured by family and labelled with the method name; methods at the same
     point share a label, and labels are moved apart so none covers another.
@@ -362,7 +388,11 @@ def plot_cost_quality(
     labels = []
     for row, (task, rows, metric) in zip(axes, measured, strict=False):
         for axis, x_name, x_label in (
-            (row[0], "calls_per_input", "LLM calls per input"),
+            (
+                row[0],
+                "calls_per_input_with_lookups",
+                "LLM calls per input (oracle: look-ups, as many as a judge's calls)",
+            ),
             (row[1], "mean_units", "units given to the executor per input"),
         ):
             labels.append(_panel(axis, task, rows, metric, x_name, x_label))

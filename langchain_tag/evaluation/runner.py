@@ -3,10 +3,11 @@
 `aevaluate` runs the standard methods of a task (or those selected) on its inputs
 and returns one `EvalResult` per method: the task's quality metrics (`METRICS`) and
 the cost columns (LLM calls, input and output tokens, wall time, units given to the
-executor). Methods that need a judge model run only when one is given; otherwise
-they come back as skipped rows with the reason, so an offline run covers the
-methods without an LLM and the oracle. `run_nba`, `run_obliqa` and `run_humaneval`
-do the same on a task's development data.
+executor; the oracle's answers are counted as look-ups, not as model calls).
+Methods that need a judge model run only when one is given; otherwise they come
+back as skipped rows with the reason, so an offline run covers the methods without
+an LLM and the oracle. `run_nba`, `run_obliqa` and `run_humaneval` do the same on a
+task's development data.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ from langchain_tag.evaluation.tasks import (
 )
 from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.execution import ActionOnlyExecutor
+from langchain_tag.matching import JudgmentError
+from langchain_tag.models import CallRetry
 from langchain_tag.rules import Rulebook
 
 __all__ = [
@@ -94,7 +97,17 @@ class EvalResult(BaseModel):
         "task does not define, or that was not measured (no executor model), is "
         "absent, and `notes` says why.",
     )
-    llm_calls: int = Field(default=0, description="Judge and executor calls.")
+    llm_calls: int = Field(
+        default=0,
+        description="Judge and executor calls, the oracle's look-ups included (a "
+        "judge model in the oracle's place would make them): see `oracle_lookups` "
+        "and `model_calls`.",
+    )
+    oracle_lookups: int = Field(
+        default=0,
+        description="Of `llm_calls`, the judgments the oracle answered from the "
+        "gold labels: look-ups, not model calls (no tokens, nothing paid).",
+    )
     executor_calls: int = 0
     grader_calls: int = Field(
         default=0,
@@ -175,8 +188,22 @@ class EvalResult(BaseModel):
         ]
 
     @property
+    def model_calls(self) -> int:
+        """Calls that reached a model: `llm_calls` without the oracle's look-ups."""
+        return self.llm_calls - self.oracle_lookups
+
+    @property
     def calls_per_input(self) -> float | None:
-        """LLM calls per evaluated input."""
+        """LLM calls per evaluated input (not the oracle's look-ups)."""
+        return self.model_calls / self.n if self.n else None
+
+    @property
+    def calls_per_input_with_lookups(self) -> float | None:
+        """Calls per input, a look-up counted as the judge call it stands for.
+
+        What the method would cost with a judge model in the oracle's place; the
+        same as `calls_per_input` for a method without the oracle.
+        """
         return self.llm_calls / self.n if self.n else None
 
 
@@ -289,16 +316,17 @@ async def _evaluate_method(
     setup_seconds = time.perf_counter() - started
     retrieval, execution, grading = CallCounter(), CallCounter(), CallCounter()
     slots = asyncio.Semaphore(context.max_concurrency)
+    advice: dict[str, None] = {}  # what would help against the failures, once each
 
     async def run(item: EvalItem) -> ItemOutcome:
         async with slots:
             return await _run_item(
-                task, method, retriever, executor, item, retrieval, execution
+                task, method, retriever, executor, item, (retrieval, execution), advice
             )
 
     async def grade(outcome: ItemOutcome) -> None:
         async with slots:
-            await _grade(task, method, outcome, grading)
+            await _grade(task, method, outcome, grading, advice)
 
     started = time.perf_counter()
     outcomes = await asyncio.gather(*(run(item) for item in task.items))
@@ -319,6 +347,7 @@ async def _evaluate_method(
             f"{len(errors)} of {len(outcomes)} inputs failed (see failures) and "
             + treated
         )
+        notes += advice
     unreadable = [o.malformed for o in outcomes if o.malformed is not None]
     if unreadable:
         notes.append(
@@ -341,6 +370,7 @@ async def _evaluate_method(
         n=len(outcomes),
         metrics=quality,
         llm_calls=retrieval.calls + execution.calls,
+        oracle_lookups=retrieval.oracle_calls + execution.oracle_calls,
         executor_calls=execution.calls,
         grader_calls=grading.calls,
         input_tokens=retrieval.input_tokens + execution.input_tokens
@@ -372,10 +402,14 @@ async def _run_item(
     retriever: BaseRetriever,
     executor: ActionOnlyExecutor | None,
     item: EvalItem,
-    retrieval: CallCounter,
-    execution: CallCounter,
+    counters: tuple[CallCounter, CallCounter],
+    advice: dict[str, None],
 ) -> ItemOutcome:
-    """Retrieve and execute one input; a failing step ends it, recorded."""
+    """Retrieve and execute one input; a failing step ends it, recorded.
+
+    `counters` count the retrieval's calls and the execution's.
+    """
+    retrieval, execution = counters
     outcome = ItemOutcome(item)
     step: _Step = "retrieval"
     try:
@@ -394,11 +428,16 @@ async def _run_item(
             outcome.malformed = f"{type(error).__name__}: {error}"
         else:
             _failed(task, method, outcome, step, error)
+            advice.update(dict.fromkeys(_advice(error)))
     return outcome
 
 
 async def _grade(
-    task: EvalTask, method: Method, outcome: ItemOutcome, grading: CallCounter
+    task: EvalTask,
+    method: Method,
+    outcome: ItemOutcome,
+    grading: CallCounter,
+    advice: dict[str, None],
 ) -> None:
     try:
         outcome.grade = await task.grade(
@@ -406,15 +445,42 @@ async def _grade(
         )
     except Exception as error:  # noqa: BLE001 - a failed input is counted, not fatal
         _failed(task, method, outcome, "grading", error)
+        advice.update(dict.fromkeys(_advice(error)))
 
 
 def _failed(
     task: EvalTask, method: Method, outcome: ItemOutcome, step: _Step, error: Exception
 ) -> None:
-    outcome.error = f"{step}: {type(error).__name__}: {error}"
+    # A JudgmentError's own advice is the Python judge's (on_error=...), an option
+    # an evaluation does not have: its cause is recorded, `_advice` says the rest.
+    cause = (
+        f"judging rule {error.rule_id!r} failed: {error.error}"
+        if isinstance(error, JudgmentError)
+        else str(error)
+    )
+    outcome.error = f"{step}: {type(error).__name__}: {cause}"
     logger.warning(
         "%s %s %s: %s", task.name, method.name, outcome.item.id, outcome.error
     )
+
+
+TRANSIENT_ADVICE = (
+    "rate limits or timeouts (transient): run again later, or with fewer calls in "
+    "flight (--max-concurrency, or max_concurrency=)"
+)
+UNREADABLE_ADVICE = (
+    "judge answers could not be read, and at temperature 0 asking again gives the "
+    "same answer: use a stronger judge model (--judge-model, or judge_model=)"
+)
+
+
+def _advice(error: Exception) -> list[str]:
+    """What an evaluation's user can do about `error`: its options only."""
+    if CallRetry().is_transient(error):
+        return [TRANSIENT_ADVICE]
+    if isinstance(error, JudgmentError) and error.unreadable:
+        return [UNREADABLE_ADVICE]
+    return []
 
 
 def run_nba(

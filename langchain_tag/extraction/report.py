@@ -9,6 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from langchain_tag.extraction.phases import unreadable_problem
+
 
 class PhaseReport(BaseModel):
     """Counts for one phase."""
@@ -54,28 +56,54 @@ class ExtractionReport(BaseModel):
 
     @property
     def faithfulness(self) -> float:
-        """Share of rules whose source text was found in their document."""
+        """Share of rules whose source text was found in their document.
+
+        1.0 when no rule was checked; `format` then says "n/a".
+        """
         checked = self.faithful + len(self.unfaithful_removed)
         return 1.0 if checked == 0 else self.faithful / checked
 
     @property
     def coverage(self) -> float:
-        """Share of normative spans covered by a surviving rule."""
+        """Share of normative spans covered by a surviving rule.
+
+        1.0 when there was no span; `format` then says "n/a".
+        """
         if self.coverage_spans == 0:
             return 1.0
         return 1 - len(self.uncovered_after_recovery) / self.coverage_spans
 
-    def format(self) -> str:
-        """A plain-text summary for terminals and logs."""
+    @property
+    def unreadable(self) -> dict[str, dict[str, int]]:
+        """The model answers that could not be read, by phase and reason."""
+        return {
+            name: found
+            for name, phase in self.phases.items()
+            if (
+                found := {
+                    k: n for k, n in phase.problems.items() if unreadable_problem(k)
+                }
+            )
+        }
+
+    def format(self, *, stored: bool = False) -> str:
+        """A plain-text summary for terminals and logs.
+
+        Args:
+            stored: The report is that of an earlier run, returned again without
+                running (a finished extraction re-run): its counts are labelled
+                as the stored run's, not this one's.
+        """
         header = (
             f"{'phase':<12}{'made':>7}{'reused':>8}{'in tok':>9}{'out tok':>9}"
             f"{'items':>8}"
         )
         lines = [
             (
-                f"Extraction report ({self.domain}): {self.rules} rules from "
-                f"{self.documents} document(s), {self.sections} section(s), "
-                f"{self.seconds:.1f} s"
+                f"{'Stored extraction' if stored else 'Extraction'} report "
+                f"({self.domain}): {self.rules} rules from {self.documents} "
+                f"document(s), {self.sections} section(s), {self.seconds:.1f} s"
+                + (" when it ran" if stored else "")
             ),
             "",
             f"{header}  problems",
@@ -92,29 +120,52 @@ class ExtractionReport(BaseModel):
         relations = ", ".join(f"{k}={v}" for k, v in sorted(self.relations.items()))
         made = sum(p.calls for p in self.phases.values())
         reused = sum(p.stored_answers for p in self.phases.values())
+        calls = (
+            f"LLM calls{' when it ran' if stored else ''}: {made} made, {reused} "
+            "reused (answer store or resumed run)"
+            + ("; this run made none" if stored else "")
+        )
         lines += [
             "",
-            f"LLM calls: {made} made, {reused} reused (answer store or resumed run)",
+            calls,
             (
                 f"phase 4: {self.pairs_compared} of {self.pairs_possible} possible "
                 f"pairs compared (shared tags); {self.duplicates_merged} duplicates "
                 f"merged; relations: {relations or 'none'}"
             ),
-            (
-                f"faithfulness ({self.faithfulness_mode}): {self.faithfulness:.3f} "
-                f"({len(self.unfaithful_removed)} removed)"
-            ),
-            (
-                f"coverage: {self.coverage:.3f} ({self.uncovered_before_recovery} of "
-                f"{self.coverage_spans} spans uncovered before re-extraction, "
-                f"{self.recovered_rules} rules recovered, "
-                f"{len(self.uncovered_after_recovery)} still uncovered)"
-            ),
-            f"independence: {self.independence:.3f}"
-            + (
-                f" (shared names: {', '.join(sorted(self.shared_names))})"
-                if self.shared_names
-                else ""
-            ),
+            self._faithfulness_line(),
+            self._coverage_line(),
+            self._independence_line(),
         ]
         return "\n".join(lines)
+
+    # A score over nothing is no score: "n/a", never a perfect 1.000.
+
+    def _faithfulness_line(self) -> str:
+        removed = len(self.unfaithful_removed)
+        score = (
+            "n/a (nothing to check, "
+            if self.faithful + removed == 0
+            else f"{self.faithfulness:.3f} ("
+        )
+        return f"faithfulness ({self.faithfulness_mode}): {score}{removed} removed)"
+
+    def _coverage_line(self) -> str:
+        still = len(self.uncovered_after_recovery)
+        if self.coverage_spans == 0:
+            return "coverage: n/a (no span to cover was found)"
+        return (
+            f"coverage: {self.coverage:.3f} ({self.uncovered_before_recovery} of "
+            f"{self.coverage_spans} spans uncovered before re-extraction, "
+            f"{self.recovered_rules} rules recovered, {still} still uncovered)"
+        )
+
+    def _independence_line(self) -> str:
+        if self.rules == 0:
+            return "independence: n/a (no rule)"
+        shared = (
+            f" (shared names: {', '.join(sorted(self.shared_names))})"
+            if self.shared_names
+            else ""
+        )
+        return f"independence: {self.independence:.3f}{shared}"

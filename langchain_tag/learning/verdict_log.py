@@ -24,6 +24,12 @@ Inputs are stored once each (keyed by SHA-256), verdicts point at them. A log
 made before a column existed (`reason`) gets it, empty for the old rows, when it is
 opened.
 
+**Reading only** (`read_only=True`, what `tag verdicts` and `tag prefilter train`
+use): the log must exist, and nothing is created, altered or written (SQLite opens
+the file `mode=ro`; a PostgreSQL session is read-only). A missing file, or a database
+without the log's tables, raises `MissingVerdictLogError`; a log made before a
+column existed reads it as empty.
+
 **Keeping no text** (`store_text=False`): the input is stored as its hashed word
 n-gram counts (`HashedFeatures`, what the learner trains on) and its SHA-256, never
 as text. Nothing can be read back verbatim, but hashing is not encryption: whoever
@@ -61,10 +67,12 @@ import abc
 import asyncio
 import logging
 import re
+import sqlite3
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
 from types import MappingProxyType
@@ -74,6 +82,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_tag._text import digest
 from langchain_tag.cache import SQLiteConnections
+from langchain_tag.errors import TAGError
 from langchain_tag.learning.learned_prefilter import (
     FeatureHashing,
     HashedFeatures,
@@ -84,6 +93,7 @@ from langchain_tag.rules import Rule, Rulebook
 
 __all__ = [
     "DEFAULT_TRAINING_SOURCES",
+    "MissingVerdictLogError",
     "PostgresVerdictLog",
     "Retention",
     "RuleCounts",
@@ -100,6 +110,10 @@ logger = logging.getLogger(__name__)
 
 class VerdictLogWarning(UserWarning):
     """The verdict log could not be written; its records are kept in memory."""
+
+
+class MissingVerdictLogError(TAGError, LookupError):
+    """A log opened read-only is not there: no such file, or not the log's tables."""
 
 
 DEFAULT_TRAINING_SOURCES = ("judge", "cascade-cheap", "cascade-strong")
@@ -259,6 +273,8 @@ class VerdictLog(abc.ABC):
 
     # Whether `_insert_at_once` can try a write without waiting on the store.
     _writes_at_once = False
+    read_only = False
+    """Whether the log was opened only to be read (see the module docs)."""
 
     def __init__(
         self,
@@ -330,7 +346,11 @@ class VerdictLog(abc.ABC):
         - A record the store rejects while others are written (a PostgreSQL text
           with a NUL character, ...) can never be written: it is dropped with a
           warning, and so is a record that cannot be prepared (hashed).
+
+        Raises:
+            PermissionError: The log was opened `read_only`.
         """
+        self._refuse_if_read_only()
         batch = list(records)
         if not batch:
             return 0
@@ -383,6 +403,15 @@ class VerdictLog(abc.ABC):
     def location(self) -> str:
         """Where the log is, for messages (no password)."""
         return type(self).__name__
+
+    def _refuse_if_read_only(self) -> None:
+        # A programming error, not a store failing: raised, never queued.
+        if self.read_only:
+            msg = (
+                f"The verdict log {self.location} was opened read-only; open it "
+                "without read_only=True to write to it."
+            )
+            raise PermissionError(msg)
 
     def _enqueue(self, records: Sequence[VerdictRecord], *, front: bool) -> int:
         """Add to the pending records (with `_lock` held), the oldest first.
@@ -630,6 +659,7 @@ class VerdictLog(abc.ABC):
 
     def prune(self) -> int:
         """Apply the retention setting now; returns how many verdicts it deleted."""
+        self._refuse_if_read_only()
         cutoff = (
             None
             if self.retention.max_age is None
@@ -805,12 +835,24 @@ _INSERT_VERDICT = (
     f"INSERT INTO {{t}} ({', '.join(_COLUMN_NAMES)}) "  # noqa: S608
     f"VALUES ({', '.join('?' * len(_COLUMN_NAMES))})"
 )
-_PAGE_QUERY = (
-    f"SELECT v.id, {', '.join(f'v.{name}' for name in _COLUMN_NAMES)}, "  # noqa: S608
-    "i.text, i.features FROM {t} v "
-    "LEFT JOIN {i} i ON i.digest = v.input_digest "
-    "WHERE v.id > ? ORDER BY v.id LIMIT ?"
-)
+
+
+def _page_query(absent: frozenset[str] = frozenset()) -> str:
+    """The query of a page of records; NULL for the `absent` (added) columns."""
+    columns = (
+        f"NULL AS {name}" if name in absent else f"v.{name}" for name in _COLUMN_NAMES
+    )
+    return (
+        f"SELECT v.id, {', '.join(columns)}, i.text, i.features "  # noqa: S608
+        "FROM {t} v LEFT JOIN {i} i ON i.digest = v.input_digest "
+        "WHERE v.id > ? ORDER BY v.id LIMIT ?"
+    )
+
+
+_PAGE_QUERY = _page_query()
+_INPUT_COLUMNS = ("digest", "text", "features", "last_used")
+_TABLES_SHOWN = 20
+"""At most this many tables are listed when the log's are not there."""
 _DELETE_OLDER = "DELETE FROM {t} WHERE created < ?"
 _DELETE_BEYOND = (
     "DELETE FROM {t} WHERE id <= (SELECT id FROM {t} ORDER BY id DESC LIMIT 1 OFFSET ?)"
@@ -855,13 +897,62 @@ class _SQLVerdictLog(VerdictLog):
     orphan_grace = 0.0
     """Seconds since its last use before an input no verdict points at is deleted."""
 
-    def __init__(self, table: str, **kwargs: Any) -> None:
+    def __init__(self, table: str, *, read_only: bool = False, **kwargs: Any) -> None:
         if not table.isidentifier():
             msg = f"table must be a plain SQL identifier, got {table!r}"
             raise ValueError(msg)
         super().__init__(**kwargs)
         self.table = table
         self.inputs_table = f"{table}_inputs"
+        self.read_only = read_only
+        self._page_template = _PAGE_QUERY
+
+    def _check_tables(self) -> None:
+        """For reading only: refuse a database without the log's tables.
+
+        A log made before a column was added (`_ADDED_COLUMNS`) is read with that
+        column empty, as opening it for writing would have added it.
+
+        Raises:
+            MissingVerdictLogError: A table is missing, or lacks a column every
+                log has.
+        """
+        found = {
+            name: self._columns_of(name) for name in (self.table, self.inputs_table)
+        }
+        missing = [name for name, columns in found.items() if not columns]
+        if missing:
+            names = self._table_names()
+            shown = ", ".join(names[:_TABLES_SHOWN])
+            if len(names) > _TABLES_SHOWN:
+                shown += f", ... ({len(names)} in all)"
+            msg = (
+                f"{self.location} holds no table {' or '.join(missing)} (its "
+                f"tables: {shown or 'none'})"
+            )
+            raise MissingVerdictLogError(msg)
+        added = {name for name, _ in _ADDED_COLUMNS}
+        needed = {
+            self.table: [name for name in _COLUMN_NAMES if name not in added],
+            self.inputs_table: list(_INPUT_COLUMNS),
+        }
+        for name, columns in needed.items():
+            lacking = [column for column in columns if column not in found[name]]
+            if lacking:
+                msg = (
+                    f"the table {name} in {self.location} is not a verdict log's: "
+                    f"it has no column {', '.join(lacking)}"
+                )
+                raise MissingVerdictLogError(msg)
+        self._page_template = _page_query(frozenset(added - set(found[self.table])))
+
+    @abc.abstractmethod
+    def _columns_of(self, table: str) -> list[str]:
+        """The columns of `table`, none when there is no such table."""
+
+    @abc.abstractmethod
+    def _table_names(self) -> list[str]:
+        """The tables the database holds (where the log's would be), sorted."""
 
     def _sql(self, template: str) -> str:
         return template.format(t=self.table, i=self.inputs_table, **self._types)
@@ -894,7 +985,9 @@ class _SQLVerdictLog(VerdictLog):
         )
 
     def _page(self, after: int, limit: int) -> list[VerdictRecord]:
-        return [_record(row) for row in self._query(_PAGE_QUERY, (after, limit))]
+        return [
+            _record(row) for row in self._query(self._page_template, (after, limit))
+        ]
 
     def _prune(self, cutoff: float | None, max_rows: int | None) -> int:
         statements: list[Statement] = []
@@ -941,6 +1034,7 @@ class _SQLVerdictLog(VerdictLog):
 
     def clear(self) -> None:
         """Delete every verdict and input."""
+        self._refuse_if_read_only()
         self._execute([(template, [()]) for template in _CLEAR])
 
 
@@ -959,6 +1053,38 @@ def _record(row: Sequence[Any]) -> VerdictRecord:
     )
 
 
+class _ReadOnlySQLite:
+    """One read-only connection per thread to an existing SQLite file.
+
+    Opened with `mode=ro`, unlike `SQLiteConnections`: nothing is created (not the
+    file, nor its directory) and nothing changed (not the journal mode either).
+    """
+
+    def __init__(self, path: Path, *, timeout: float) -> None:
+        self.path = path
+        self.timeout = timeout
+        # A URI, so that `?` or `#` in the file's name is not read as a parameter.
+        self._uri = f"{path.resolve().as_uri()}?mode=ro"
+        self._local = threading.local()
+
+    def get(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self._uri, uri=True, timeout=self.timeout)
+            self._local.conn = conn
+        return conn
+
+    def writing(self) -> AbstractContextManager[sqlite3.Connection]:
+        msg = f"The verdict log {self.path} was opened read-only."
+        raise PermissionError(msg)
+
+    def close(self) -> None:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            self._local.conn = None
+            conn.close()
+
+
 class SQLiteVerdictLog(_SQLVerdictLog):
     """The verdict log in one SQLite file, safe for several threads and processes.
 
@@ -970,6 +1096,8 @@ class SQLiteVerdictLog(_SQLVerdictLog):
             kept in memory until the next write (see `VerdictLog.append`). While
             the log fails, writes wait this long at most once per retry interval,
             and in between try without waiting.
+        read_only: Only read the log, which must exist: the file is opened
+            `mode=ro` and nothing is created or changed in it.
         **kwargs: `store_text`, `hashing`, `retention`, `max_pending`,
             `retry_after`, `max_retry_after`, `clock` (see `VerdictLog`).
     """
@@ -985,10 +1113,31 @@ class SQLiteVerdictLog(_SQLVerdictLog):
         *,
         table: str = "verdict_log",
         timeout: float = 30.0,
+        read_only: bool = False,
         **kwargs: Any,
     ) -> None:
-        """Open (creating if needed) the log's tables in the file at `path`."""
-        super().__init__(table, **kwargs)
+        """Open (creating if needed) the log's tables in the file at `path`.
+
+        Raises:
+            MissingVerdictLogError: `read_only`, and there is no such file or it
+                holds no verdict log in `table`.
+        """
+        super().__init__(table, read_only=read_only, **kwargs)
+        self._connections: SQLiteConnections | _ReadOnlySQLite
+        if read_only:
+            path = Path(path)
+            if not path.is_file():
+                why = "it is a directory" if path.is_dir() else "no such file"
+                msg = f"no verdict log at {path}: {why}"
+                raise MissingVerdictLogError(msg)
+            self._connections = _ReadOnlySQLite(path, timeout=timeout)
+            self.path = path
+            try:
+                self._check_tables()
+            except BaseException:
+                self._close()
+                raise
+            return
         self._connections = SQLiteConnections(path, timeout=timeout)
         self.path = self._connections.path
         self._execute([(template, [()]) for template in _SCHEMA])
@@ -1018,6 +1167,16 @@ class SQLiteVerdictLog(_SQLVerdictLog):
         with conn:  # ends the read transaction, so WAL checkpoints can proceed
             return conn.execute(self._sql(template), parameters).fetchall()
 
+    def _columns_of(self, table: str) -> list[str]:
+        return [row[1] for row in self._query(f"PRAGMA table_info({table})")]
+
+    def _table_names(self) -> list[str]:
+        rows = self._query(
+            "SELECT name FROM sqlite_master WHERE type = 'table' "
+            "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"
+        )
+        return [name for (name,) in rows]
+
     _writes_at_once = True
 
     def _insert_at_once(self, records: Sequence[VerdictRecord]) -> None:
@@ -1046,6 +1205,8 @@ class PostgresVerdictLog(_SQLVerdictLog):
     Args:
         conninfo: A libpq connection string or `postgresql://` URI.
         table: The verdicts table; inputs go in `<table>_inputs`.
+        read_only: Only read the log, which must exist: no schema statement is
+            run, and the sessions are read-only.
         **kwargs: `store_text`, `hashing`, `retention`, `max_pending`,
             `retry_after`, `max_retry_after`, `clock` (see `VerdictLog`).
     """
@@ -1058,12 +1219,29 @@ class PostgresVerdictLog(_SQLVerdictLog):
     orphan_grace = 60.0
 
     def __init__(
-        self, conninfo: str, *, table: str = "tag_verdict_log", **kwargs: Any
+        self,
+        conninfo: str,
+        *,
+        table: str = "tag_verdict_log",
+        read_only: bool = False,
+        **kwargs: Any,
     ) -> None:
-        """Connect and create the log's tables if needed."""
-        super().__init__(table, **kwargs)
+        """Connect and create the log's tables if needed.
+
+        Raises:
+            MissingVerdictLogError: `read_only`, and the database holds no verdict
+                log in `table`.
+        """
+        super().__init__(table, read_only=read_only, **kwargs)
         self.conninfo = conninfo
         self._local = threading.local()
+        if read_only:
+            try:
+                self._check_tables()
+            except BaseException:
+                self._close()
+                raise
+            return
         # Concurrent CREATE TABLE IF NOT EXISTS can collide in the catalogue; the
         # first writer creates the schema while the others wait on the lock.
         lock = ("SELECT pg_advisory_xact_lock(hashtext(?))", [(table,)])
@@ -1095,6 +1273,9 @@ class PostgresVerdictLog(_SQLVerdictLog):
                 )
                 raise ImportError(msg) from error
             conn = psycopg.connect(self.conninfo, autocommit=True)
+            if self.read_only:
+                # The server refuses any write in this session, whatever runs.
+                conn.execute("SET default_transaction_read_only = on")
             self._local.conn = conn
         return conn
 
@@ -1113,6 +1294,23 @@ class PostgresVerdictLog(_SQLVerdictLog):
     def _query(self, template: str, parameters: Sequence[Any] = ()) -> list[Any]:
         cursor = self._connection().execute(self._sql(template), parameters)
         return list(cursor.fetchall())
+
+    def _columns_of(self, table: str) -> list[str]:
+        # to_regclass resolves the name as the log's statements do (search path,
+        # unquoted names folded to lower case), and is NULL when there is none.
+        rows = self._query(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(?) "
+            "AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            (table,),
+        )
+        return [name for (name,) in rows]
+
+    def _table_names(self) -> list[str]:
+        rows = self._query(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = ANY (current_schemas(false)) ORDER BY table_name"
+        )
+        return [name for (name,) in rows]
 
     def _close(self) -> None:
         conn = getattr(self._local, "conn", None)

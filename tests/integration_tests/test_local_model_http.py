@@ -35,13 +35,12 @@ from langchain_tag.local_model import (
     JSON_RESPONSE_FORMAT,
     LocalOpenAIServer,
     LocalServerError,
-    local_chat_model,
 )
 from langchain_tag.matching import UnreliableMatchWarning
 from langchain_tag.models import CallRetry
-from tests.integration_tests.servers import LOCAL_MODEL_PACKAGES, skip_unless_installed
+from tests.integration_tests.servers import LLAMA_SERVER_PACKAGES, skip_unless_installed
 
-skip_unless_installed(LOCAL_MODEL_PACKAGES)
+skip_unless_installed(LLAMA_SERVER_PACKAGES)
 
 pytestmark = pytest.mark.server
 
@@ -260,19 +259,3 @@ def test_a_server_that_cannot_load_its_model_reports_its_log(tmp_path: Path) -> 
     with pytest.raises(LocalServerError, match="exited with") as error:
         LocalOpenAIServer(bogus, startup_timeout=60).start()
     assert "its log ends" in str(error.value)
-
-
-# --- in process: ChatLlamaCpp -------------------------------------------------------
-
-
-def test_chat_llama_cpp_judges_in_turns_without_scores(pep8_rulebook: Rulebook) -> None:
-    model = local_chat_model(max_tokens=32)
-    judge = ApplicabilityJudge(llm=model, logprobs=True, cache=None)
-    # Three judgments at once share one llama.cpp context: they must take turns
-    # (without the lock the process crashes); structured output is a forced tool
-    # call, so every answer is a verdict; ChatLlamaCpp returns no logprobs.
-    verdicts = judge.judge_rules(
-        SNIPPET, pep8_rulebook.rules[:3], {"max_concurrency": 3}
-    )
-    assert [v.failed for v in verdicts] == [False, False, False]
-    assert [v.score for v in verdicts] == [None, None, None]

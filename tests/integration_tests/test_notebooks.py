@@ -8,6 +8,10 @@ copy of notebooks/ so that nothing it writes is left behind, twice:
 - configured: `OPENAI_BASE_URL` points at a `FakeOpenAIServer` on loopback, so the
   notebooks take their real-model path (`ChatOpenAI` over HTTP) with fake answers.
 
+The notebooks are stored with the outputs of their offline run (`bash
+scripts/notebooks` writes them), so a reader sees results without running anything;
+the offline run here checks that those outputs are there and not stale.
+
 The kernel talks to nbclient over loopback TCP (ZeroMQ), which is why these are
 integration tests: unit tests have sockets disabled.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,15 +32,18 @@ from nbclient import NotebookClient
 
 from langchain_tag.data import shared_data_dir
 from langchain_tag.testing import FakeOpenAIServer, JudgeAndExtractorFakeChatModel
+from langchain_tag.testing.notebook import OFFLINE_NOTE
 
 pytestmark = pytest.mark.notebook
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOKS_DIR = REPO / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 NEEDS_DATA = {"03_rulearena_nba"}
 """Notebooks that read the real data sets (`shared_data_dir()`)."""
 CELL_SECONDS = 300
 KERNEL = "python3"
+RESTORE = "run `bash scripts/notebooks` to execute and store them again"
 
 
 @pytest.fixture
@@ -108,6 +116,33 @@ def markdown_outputs(nb: Any) -> list[str]:
     ]
 
 
+def output_shape(nb: Any) -> list[tuple[int, list[str]]]:
+    """Which code cells show output, and of which kinds (a stream, MIME types).
+
+    Warnings on stderr depend on the environment (installed extras, for one) and a
+    stream may arrive in several parts: left out, and merged.
+    """
+    shape = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        kinds = {
+            f"stream:{output['name']}"
+            if output["output_type"] == "stream"
+            else f"{output['output_type']}:{','.join(sorted(output.get('data', {})))}"
+            for output in cell.outputs
+            if output.get("name") != "stderr"
+        }
+        if kinds:
+            shape.append((index, sorted(kinds)))
+    return shape
+
+
+def output_text(nb: Any) -> str:
+    """Everything the stored outputs show, as text."""
+    return json.dumps([cell.get("outputs", []) for cell in nb.cells])
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
 def test_notebook_runs_top_to_bottom(
     notebook: Path, tmp_path: Path, kernel: str, model_note: str
@@ -124,6 +159,13 @@ def test_notebook_runs_top_to_bottom(
     # The first thing every notebook shows is which model its results come from.
     assert model_note in markdown_outputs(nb)[0]
     assert sorted(NOTEBOOKS_DIR.rglob("*")) == before
+    if model_note == "**Offline run":
+        # The stored outputs are this run's: every cell that shows something here
+        # shows the same kinds of output in the stored notebook.
+        assert output_shape(read(notebook)) == output_shape(nb), (
+            f"{notebook.name} is stored with outputs that are missing or stale: "
+            f"{RESTORE}"
+        )
 
 
 def test_the_notebooks_are_there() -> None:
@@ -137,11 +179,19 @@ def test_the_notebooks_are_there() -> None:
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
-def test_notebook_is_stored_without_outputs(notebook: Path) -> None:
+def test_notebook_is_stored_with_its_offline_outputs(notebook: Path) -> None:
+    """Stored run top to bottom, offline, saying so, and nothing of this machine."""
     nb = read(notebook)
     nbformat.validate(nb)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert code
-    assert all(cell.outputs == [] for cell in code), "clear the outputs before saving"
-    assert all(cell.execution_count is None for cell in code)
+    counts = [cell.execution_count for cell in code]
+    assert counts == list(range(1, len(code) + 1)), f"not run in order: {RESTORE}"
+    assert output_shape(nb), f"{notebook.name} is stored without outputs: {RESTORE}"
+    # Which model produced the stored results: the deterministic fakes.
+    assert OFFLINE_NOTE in markdown_outputs(nb)[0], RESTORE
     assert nb.metadata["kernelspec"]["name"] == KERNEL
+    assert not any("execution" in cell.metadata for cell in code), "timestamps"
+    shown = output_text(nb)
+    for local in {str(REPO), str(Path.home()), tempfile.gettempdir(), sys.prefix}:
+        assert local not in shown, f"{notebook.name} shows the local path {local}"

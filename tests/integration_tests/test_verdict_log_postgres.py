@@ -16,9 +16,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from langchain_tag import Verdict
+from langchain_tag import Verdict, cli
 from langchain_tag.learning.learned_prefilter import FeatureHashing, LearnedPrefilter
 from langchain_tag.learning.verdict_log import (
+    MissingVerdictLogError,
     PostgresVerdictLog,
     Retention,
     SQLiteVerdictLog,
@@ -170,3 +171,48 @@ def test_a_log_made_before_the_reason_column_gains_it(uri: str, table: str) -> N
     records = list(log.records())
     assert [r.reason for r in records] == [None] + [f"why {i}" for i in range(8)]
     log.close()
+
+
+def _exists(uri: str, name: str) -> bool:
+    with psycopg.connect(uri, autocommit=True) as conn:
+        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()
+    return bool(row and row[0])
+
+
+def test_read_only_refuses_a_missing_table_and_creates_none(
+    uri: str, table: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(MissingVerdictLogError, match=f"no table {table} or {table}_"):
+        PostgresVerdictLog(uri, table=table, read_only=True)
+    assert cli.main(["verdicts", "stats", uri, "--table", table]) == 2
+    assert f"holds no table {table}" in capsys.readouterr().err
+    assert not _exists(uri, table)
+    assert not _exists(uri, f"{table}_inputs")
+
+
+def test_read_only_reads_an_old_log_in_a_read_only_session(
+    uri: str, table: str
+) -> None:
+    writer = PostgresVerdictLog(uri, table=table)
+    fill(writer, TEXTS[:2])
+    writer.close()
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN reason")
+    log = open_verdict_log(uri, table=table, read_only=True)
+    records = list(log.records())
+    assert [(r.id, r.reason) for r in records] == [(i, None) for i in range(1, 9)]
+    assert log.stats().verdicts == len(log) == 8
+    with pytest.raises(PermissionError, match="read-only"):
+        log.clear()
+    assert isinstance(log, PostgresVerdictLog)
+    # Whatever runs in its session, the server refuses to write.
+    with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+        log._connection().execute(f"DELETE FROM {table}")  # noqa: S608
+    log.close()
+    with psycopg.connect(uri, autocommit=True) as conn:
+        columns = conn.execute(
+            "SELECT count(*) FROM information_schema.columns "
+            "WHERE table_name = %s AND column_name = 'reason'",
+            (table,),
+        ).fetchone()
+    assert columns == (0,)  # not altered by reading

@@ -104,8 +104,109 @@ def test_tag_run_advice_fits_the_failure(
     assert "try again later" not in error
     assert "--on-error not_applicable" in error
 
-    with pytest.warns(UserWarning, match="judgments failed"):
-        assert cli.main(["run", path, "x", "--on-error", "not_applicable"]) == 0
-    out = capsys.readouterr().out
+    assert cli.main(["run", path, "x", "--on-error", "not_applicable"]) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith("tag run: warning: 1 judgment failed")  # one line, no warning
     assert "matched 0 of 1 rules" in out
     assert "1 judgment(s) failed and were treated as not applicable" in out
+
+
+# --- what `tag run` refuses before any model call ------------------------------------
+
+
+@pytest.fixture
+def models(monkeypatch: pytest.MonkeyPatch) -> list[RuleAwareFakeChatModel]:
+    """Every model `tag run` makes, to check that none was called."""
+    made: list[RuleAwareFakeChatModel] = []
+
+    def model(**kwargs: Any) -> RuleAwareFakeChatModel:
+        made.append(RuleAwareFakeChatModel())
+        return made[-1]
+
+    monkeypatch.setattr("langchain_tag.models.default_chat_model", model)
+    return made
+
+
+def _stdin(monkeypatch: pytest.MonkeyPatch, raw: bytes) -> None:
+    """Standard input holding `raw`, as a terminal or pipe gives it: bytes below."""
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(raw)))
+
+
+@pytest.mark.parametrize("text", ["", "  \n\t"])
+def test_blank_input_is_refused_in_one_line(
+    text: str,
+    models: list[RuleAwareFakeChatModel],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: a real model, asked to execute nothing on nothing, answered nothing:
+    # a traceback and status 1 (the fake went on: "matched 0 of 9", one paid call).
+    assert cli.main(["run", RULEBOOK, text]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "tag run: error: the input is empty or blank: there is nothing to match. "
+        'Pass the text to check, or "-" to read it from standard input.\n'
+    )
+    assert sum(m.calls for m in models) == 0
+
+
+def test_blank_standard_input_is_refused(
+    models: list[RuleAwareFakeChatModel],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _stdin(monkeypatch, b"\n\n")
+    assert cli.main(["run", RULEBOOK, "-"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tag run: error: standard input is empty or blank")
+    assert sum(m.calls for m in models) == 0
+
+
+def test_a_rulebook_without_rules_is_refused(
+    tmp_path: Path,
+    models: list[RuleAwareFakeChatModel],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: "matched 0 of 0 rules", and the executor was still called (and paid).
+    path = Rulebook(rules=[]).save(tmp_path / "empty.json")
+    assert cli.main(["run", str(path), "x = 1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tag run: error: {path}: the rulebook holds no rules")
+    assert "tag extract" in err
+    assert err.count("\n") == 1
+    assert sum(m.calls for m in models) == 0
+
+
+def test_latin1_standard_input_is_refused_naming_line_and_fix(
+    models: list[RuleAwareFakeChatModel],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: "holds a lone surrogate '\udce9' at position 10" (or a decode error
+    # naming neither the input nor the line), depending on the locale.
+    _stdin(monkeypatch, "x = 1\n# café\n".encode("latin-1"))
+    assert cli.main(["run", RULEBOOK, "-"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "tag run: error: standard input: is not UTF-8 text "
+        "(byte 0xe9 at offset 11, line 2)."
+    )
+    assert "save it as UTF-8" in err
+    assert sum(m.calls for m in models) == 0
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b"\xef\xbb\xbf" + SNIPPET.encode(), id="utf-8-bom"),
+        pytest.param(SNIPPET.encode("utf-16"), id="utf-16-bom"),
+    ],
+)
+def test_marked_standard_input_is_read(
+    raw: bytes, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _stdin(monkeypatch, raw)
+    assert cli.main(["run", RULEBOOK, "-"]) == 0
+    out = capsys.readouterr().out
+    assert "matched 2 of 9 rules:" in out
+    assert "\ufeff" not in out

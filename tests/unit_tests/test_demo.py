@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import io
 import signal
@@ -20,6 +22,7 @@ from langchain_tag.testing import (
     JudgeAndExtractorFakeChatModel,
     RuleAwareFakeChatModel,
 )
+from tests.conftest import FIXTURES
 
 CODE = 'def config_path(directory):\n    """Return the path."""\n    return directory\n'
 
@@ -285,3 +288,51 @@ def test_an_interrupt_stops_the_local_server_first() -> None:
         signal.raise_signal(signal.SIGINT)
     assert stopped == [True]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_dead_local_server_stops_the_demo_saying_what_is_not_done(
+    tmp_path: Path, pep8_rulebook: Rulebook
+) -> None:
+    checks: list[int] = []
+
+    def check() -> None:
+        # Alive for the first snippet, dead after the second.
+        checks.append(1)
+        if len(checks) == 2:
+            msg = "The local model server (pid 7) was killed by signal 4 (SIGILL: ...)"
+            raise local_model.LocalServerError(msg, returncode=-4)
+
+    models = dataclasses.replace(fake_models(), check=check)
+    out = io.StringIO()
+    with pytest.raises(local_model.LocalServerError) as error:
+        demo.run_demo(
+            models,
+            workdir=tmp_path,
+            rulebook=pep8_rulebook,
+            embedding=HashingFakeEmbeddings(),
+            out=out,
+        )
+    message = str(error.value)
+    assert message.startswith("The local model server (pid 7) was killed by signal 4")
+    assert message.endswith(
+        "The demo stopped while matching snippet 2; not done: matching and "
+        f"executing snippets 2-{len(demo.DEMO_SNIPPETS)}."
+    )
+    assert error.value.returncode == -4
+    assert f"[1/{len(demo.DEMO_SNIPPETS)}]" in out.getvalue()
+
+
+def test_the_demo_command_reports_a_dead_server_in_one_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def dead(*_: object, **__: object) -> None:
+        msg = "The local model server (pid 7) was killed by signal 4 (SIGILL: ...)"
+        raise local_model.LocalServerError(msg, returncode=-4)
+
+    monkeypatch.setattr(demo, "run_demo", dead)
+    models = fake_models()
+    monkeypatch.setattr(demo, "demo_models", lambda **_: contextlib.nullcontext(models))
+    assert cli.main(["demo", "--rulebook", str(FIXTURES / "pep8_rulebook.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tag demo: error: The local model server (pid 7) was killed")
+    assert "Traceback" not in err

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 import langchain_tag
-from langchain_tag import TAGError
+from langchain_tag import TAGError, cli
 from langchain_tag.cli.errors import CommandError
 from langchain_tag.evaluation.datasets import DataNotFoundError, DatasetError
 from langchain_tag.matching import JudgmentError
 from langchain_tag.models import ModelNotConfiguredError
 from langchain_tag.rules import RulebookError
+from langchain_tag.testing import RuleAwareFakeChatModel, TransientFakeError
 
 PACKAGE = Path(langchain_tag.__file__).parent
 
@@ -73,3 +74,79 @@ def test_one_except_catches_a_judgment_error() -> None:
     error = JudgmentError("R-1", "boom")
     with pytest.raises(TAGError, match="R-1"):
         raise error
+
+
+# --- Advice that fits the failure (issue 21) ----------------------------------------
+
+UNREADABLE = "unparseable judge output 'Perhaps.'"
+
+
+@pytest.mark.parametrize(
+    ("error", "transient", "says", "never"),
+    [
+        # Before: every kind said "retry later", though at temperature 0 an
+        # unreadable answer comes again.
+        (UNREADABLE, False, "temperature 0", "retry later"),
+        ("TransientFakeError: rate limited", True, "retry later", "temperature 0"),
+        ("ValueError: bad request", False, "not transient", "retry later"),
+    ],
+)
+def test_judgment_error_advice_fits_the_failure(
+    error: str, *, transient: bool, says: str, never: str
+) -> None:
+    failed = JudgmentError("R-1", error, transient=transient)
+    message = str(failed)
+    assert says in message
+    assert never not in message
+    assert "temperature 0" not in message or "stronger model" in message
+    # The Python API has the option: the message may name it.
+    assert "on_error='not_applicable'" in message
+    assert failed.unreadable is (error == UNREADABLE)
+
+
+def test_a_judgment_error_after_an_unreadable_structured_answer_is_unreadable() -> None:
+    failed = JudgmentError("R-1", "unreadable judge output (ValueError('x'))")
+    assert failed.unreadable
+    assert "retry later" not in str(failed)
+
+
+RULEBOOK = str(Path(__file__).parent.parent / "fixtures" / "pep8_rulebook.json")
+FIRST_RULE = "PEP8-IMPORT-SEPARATE"
+
+
+@pytest.mark.parametrize(
+    ("fault", "says", "never"),
+    [
+        # Before: the same line said "retry later" (JudgmentError's) and "at
+        # temperature 0 asking again gives the same answer" (the command's).
+        ("Perhaps.", ("temperature 0", "--model", "--on-error"), ("retry later",)),
+        (
+            TransientFakeError(headers={"retry-after": "0"}),
+            ("try again later",),
+            ("temperature 0", "cannot be read"),
+        ),
+        # Before: "its answer cannot be read" for an error that has no answer.
+        (ValueError("bad request"), ("not transient",), ("cannot be read",)),
+    ],
+)
+def test_tag_run_advice_fits_the_failure_and_names_its_options(
+    fault: Exception | str,
+    says: tuple[str, ...],
+    never: tuple[str, ...],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(
+        "langchain_tag.models.default_chat_model",
+        lambda **_: RuleAwareFakeChatModel(faults={FIRST_RULE: [fault] * 4}),
+    )
+    assert cli.main(["run", RULEBOOK, "import os, sys\n"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1
+    [line] = lines
+    assert line.startswith("tag run: error: no answer:")
+    assert FIRST_RULE in line
+    assert all(text in line for text in says), line
+    assert not any(text in line for text in never), line
+    # The Python API's spelling of the option is not the command's.
+    assert "on_error=" not in line

@@ -26,6 +26,7 @@ from langchain_tag.evaluation import (
     pylint_score,
     run_check,
 )
+from langchain_tag.evaluation.datasets import load_labelled
 from langchain_tag.extraction import extract_rules
 from langchain_tag.rules import SourceSpan
 from langchain_tag.testing import ExtractionFakeChatModel
@@ -370,3 +371,74 @@ def test_pylint_scores_clean_code_above_messy_code() -> None:
 def test_pylint_gives_zero_for_broken_or_missing_code() -> None:
     assert pylint_score("def f(:\n") == 0.0
     assert pylint_score("  \n") == 0.0
+
+
+# --- a user's labelled inputs (`tag eval custom --inputs`) ----------------------------
+
+LABELLED = (
+    '{"input": "I want a refund", "applicable": ["R0"]}\n'
+    '{"input": "Café order is late", "applicable": []}\n'
+)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b"\xef\xbb\xbf" + LABELLED.encode(), id="utf-8-bom"),
+        pytest.param(LABELLED.encode("utf-16"), id="utf-16-bom"),
+        pytest.param(LABELLED.replace("\n", "\r\n").encode(), id="crlf"),
+    ],
+)
+def test_labelled_inputs_in_utf8_or_marked_utf16_are_read(
+    raw: bytes, tmp_path: Path
+) -> None:
+    # Before: a UTF-8 byte-order mark was "line 1 is not valid JSON".
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(raw)
+    inputs = load_labelled(path)
+    assert [(i.id, i.input) for i in inputs] == [
+        ("line-1", "I want a refund"),
+        ("line-2", "Café order is late"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("encoding", "expected"),
+    [
+        ("latin-1", "is not UTF-8 text (byte 0xe9 at offset 65, line 2)"),
+        ("utf-16-le", "is UTF-16LE text, not UTF-8"),
+    ],
+)
+def test_labelled_inputs_in_another_encoding_name_file_and_line(
+    encoding: str, expected: str, tmp_path: Path
+) -> None:
+    # Before: "'utf-8' codec can't decode byte 0xe9 in position 65", no file, no line.
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(LABELLED.encode(encoding))
+    with pytest.raises(DatasetError) as raised:
+        load_labelled(path)
+    message = str(raised.value)
+    assert message.startswith(f"{path}: {expected}")
+    assert "save it as UTF-8" in message
+
+
+@pytest.mark.parametrize(
+    ("applicable", "given"),
+    [('"R-x"', "the string 'R-x'"), ("7", "7"), ('{"R-x": true}', "an object")],
+)
+def test_applicable_must_be_a_list_of_rule_ids(
+    applicable: str, given: str, tmp_path: Path
+) -> None:
+    # Before: pydantic's "Input should be a valid tuple", a type JSON does not have.
+    path = tmp_path / "in.jsonl"
+    path.write_text(
+        '{"input": "a", "applicable": []}\n\n'
+        f'{{"input": "b", "applicable": {applicable}}}\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(DatasetError) as raised:
+        load_labelled(path)
+    assert str(raised.value) == (
+        f"{path} line 3: applicable: must be a list of rule ids, e.g. "
+        f'["R-1", "R-2"], or [] when no rule applies; got {given}.'
+    )

@@ -201,8 +201,11 @@ async def test_oracle_is_perfect_and_m0_selects_nothing(nba: NBADataset) -> None
         1.0,
         1.0,
     )
-    # The oracle is TAG through the real retriever: one counted call per rule.
-    assert oracle.llm_calls == 3 * len(RULES)
+    # The oracle is TAG through the real retriever: one counted call per rule,
+    # each a look-up in the gold labels, not a model call.
+    assert oracle.llm_calls == oracle.oracle_lookups == 3 * len(RULES)
+    assert (oracle.model_calls, oracle.calls_per_input) == (0, 0.0)
+    assert oracle.calls_per_input_with_lookups == len(RULES)
     assert oracle.mean_units == 2.0
     m0 = results["m0-no-retrieval"]
     assert (
@@ -251,6 +254,47 @@ async def test_judge_calls_are_counted_exactly(nba: NBADataset) -> None:
     assert tag.metrics["precision_micro"] == 1.0
     # The prefilter keeps min(20, 6) rules: every rule is still judged.
     assert results["tag+hybrid-n20"].llm_calls == 3 * len(RULES)
+    # A model's calls are no look-ups.
+    assert (tag.oracle_lookups, tag.model_calls) == (0, tag.llm_calls)
+    assert tag.calls_per_input == tag.calls_per_input_with_lookups == len(RULES)
+
+
+def test_the_table_counts_oracle_lookups_apart_from_llm_calls() -> None:
+    # Before: the oracle's 30 look-ups were its "LLM calls", with no word that no
+    # model ran.
+    rows = [
+        EvalResult(
+            task="nba",
+            method="oracle",
+            family="oracle",
+            units="rules",
+            n=3,
+            metrics={"f1_micro": 1.0},
+            llm_calls=33,  # 30 look-ups and 3 executor calls
+            oracle_lookups=30,
+            executor_calls=3,
+        ),
+        EvalResult(
+            task="nba",
+            method="tag",
+            family="tag",
+            units="rules",
+            n=3,
+            metrics={"f1_micro": 1.0},
+            llm_calls=30,
+        ),
+    ]
+    table = report.markdown_table(rows)
+    assert "| LLM calls | oracle look-ups | calls/input |" in table
+    assert "| oracle | rules | 3 | 1.000 | 3 | 30 | 1.000 |" in table
+    assert "| tag | rules | 3 | 1.000 | 30 | 0 | 10.000 |" in table
+    assert (
+        "Oracle look-ups of oracle: 30 (10.0 per input), answered from the gold "
+        "labels, not LLM calls: no model ran, no tokens, nothing paid. A judge "
+        "model in the oracle's place would make 30 calls, at its price."
+    ) in table
+    assert "Oracle look-ups of tag" not in table
+    assert "oracle look-ups" not in report.markdown_table(rows[1:])
 
 
 async def test_rules_per_call_methods_cut_calls_not_selection(

@@ -12,6 +12,7 @@ from langchain_core.outputs import LLMResult
 
 from langchain_tag import ApplicabilityJudge, JudgmentError, Rulebook, TAGRetriever
 from langchain_tag.evaluation import OracleChatModel, OracleError, oracle_judge
+from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.matching import NBA_PROFILE, UnreliableMatchWarning
 from langchain_tag.query_graph import QueryContext, build_query_graph
 from langchain_tag.testing import RuleAwareFakeChatModel
@@ -75,6 +76,23 @@ def test_the_retriever_returns_the_gold_rules_and_counts_every_call(
     documents = retriever.invoke(QUERY, config={"callbacks": [handler]})
     assert {doc.id for doc in documents} == gold[QUERY]
     assert oracle.calls == handler.ends == len(pep8_rulebook)
+
+
+def test_the_call_counter_counts_the_oracles_answers_as_lookups(
+    pep8_rulebook: Rulebook, gold: dict[str, set[str]]
+) -> None:
+    # Before: counted as model calls, and reported as "LLM calls" in the tables.
+    counter = CallCounter()
+    TAGRetriever.from_rulebook(pep8_rulebook, llm=OracleChatModel(gold=gold)).invoke(
+        QUERY, config={"callbacks": [counter]}
+    )
+    assert (counter.calls, counter.oracle_calls) == (len(pep8_rulebook),) * 2
+    assert counter.model_calls == 0
+    model = CallCounter()
+    TAGRetriever.from_rulebook(pep8_rulebook, llm=RuleAwareFakeChatModel()).invoke(
+        QUERY, config={"callbacks": [model]}
+    )
+    assert (model.model_calls, model.oracle_calls) == (len(pep8_rulebook), 0)
 
 
 async def test_concurrent_async_judgments_stay_correct(

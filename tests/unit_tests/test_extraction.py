@@ -607,6 +607,16 @@ def test_document_without_rules() -> None:
     assert report.pairs_possible == report.pairs_compared == 0
 
 
+def test_the_report_claims_no_score_over_nothing() -> None:
+    # Before: faithfulness, coverage and independence "1.000" over 0 spans, 0 rules.
+    _, report, _ = run([markdown_doc(NO_RULES, "history.md")])
+    summary = report.format()
+    assert "faithfulness (corrected): n/a (nothing to check, 0 removed)" in summary
+    assert "coverage: n/a (no span to cover" in summary
+    assert "independence: n/a (no rule)" in summary
+    assert "1.000" not in summary
+
+
 def test_progress_callback_counts_finished_tasks() -> None:
     seen: list[tuple[str, int]] = []
     rulebook, report, _ = run(
@@ -1453,7 +1463,7 @@ def test_cli_reports_unreadable_files(
     bad = tmp_path / f"bad-{problem}.txt"
     expected = {
         "missing": "no such file",
-        "not-utf8": "not UTF-8 text (byte 0xe9 at offset 3)",
+        "not-utf8": "not UTF-8 text (byte 0xe9 at offset 3, line 1)",
         "empty": "the file is empty",
         "blank": "the file is empty",
         "directory": "is a directory",

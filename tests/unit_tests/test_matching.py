@@ -917,3 +917,31 @@ def test_rationale_reasons_reach_the_retrievers_documents(
     plain_docs = TAGRetriever(rulebook=pep8_rulebook, judge=plain).invoke(WILDCARD_CODE)
     assert [d.id for d in plain_docs] == [d.id for d in docs]
     assert all(d.metadata.get("reason") is None for d in plain_docs)
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind"),
+    [
+        ("I'd rather not say.", "unreadable"),
+        (TransientFakeError(headers={"retry-after": "0"}), "transient"),
+        (ValueError("bad request"), "permanent"),
+    ],
+)
+def test_judgment_errors_advise_by_the_kind_of_failure(
+    fault: Exception | str, kind: str
+) -> None:
+    # Before: "retry later" for every failure, an unreadable answer too, which at
+    # temperature 0 comes again.
+    rule = make_rules(1)[0]
+    llm = RuleAwareFakeChatModel(faults={rule.rule_id: [fault] * 4})
+    with pytest.raises(JudgmentError) as caught:
+        ApplicabilityJudge(llm=llm, retry=FAST_RETRY).invoke(("trigger-000", rule))
+    error = caught.value
+    assert (error.transient, error.unreadable) == (
+        kind == "transient",
+        kind == "unreadable",
+    )
+    message = str(error)
+    assert ("retry later" in message) is (kind == "transient")
+    assert ("temperature 0" in message) is (kind == "unreadable")
+    assert "on_error='not_applicable'" in message

@@ -30,6 +30,7 @@ from langgraph.cache.memory import InMemoryCache
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.graph import START, StateGraph
 from langgraph.types import Command
 from pydantic import Field
 
@@ -40,6 +41,7 @@ from langchain_tag.execution import GENERIC_TEMPLATE, prompts
 from langchain_tag.extraction import build_extraction_graph
 from langchain_tag.matching import Verdict, constraint_profile
 from langchain_tag.matching.prompts import read_judge_message
+from langchain_tag.middleware import ReviewNeedsCheckpointerError
 from langchain_tag.models import CallRetry, ModelNotConfiguredError
 from langchain_tag.query_graph import (
     PROFILES,
@@ -243,10 +245,81 @@ def test_a_rulebook_without_rules_skips_matching(judge: RuleAwareFakeChatModel) 
 def test_neither_rulebook_nor_documents_is_a_clear_error(
     judge: RuleAwareFakeChatModel,
 ) -> None:
-    with pytest.raises(ValueError, match="needs a rulebook, or documents"):
+    with pytest.raises(ValueError, match="needs a rulebook, or documents") as error:
         build_query_graph().invoke(
             {"query": QUERY}, context=QueryContext(judge_model=judge)
         )
+    assert query_graph.INPUT_SCHEMA in str(error.value)
+
+
+@pytest.mark.parametrize("given", ["rulebook", "documents", "nothing"])
+def test_an_input_without_query_names_the_key_and_the_input_schema(
+    given: str, pep8_json: dict[str, Any]
+) -> None:
+    """Refused where the graph starts, before any model call (was a raw KeyError)."""
+    model = JudgeAndExtractorFakeChatModel()
+    choices: dict[str, dict[str, Any]] = {
+        "rulebook": {"rulebook": pep8_json},
+        "documents": {"documents": style_guide()},
+        "nothing": {},
+    }
+    inputs = choices[given]
+    with pytest.raises(ValueError, match="input has no 'query'") as error:
+        build_query_graph().invoke(
+            cast("QueryInput", inputs), context=QueryContext(judge_model=model)
+        )
+    assert not isinstance(error.value, KeyError)
+    message = str(error.value)
+    assert query_graph.INPUT_SCHEMA in message
+    assert '"query"' in message
+    assert '"rulebook"' in message
+    assert '"documents"' in message
+    assert "QueryInput" in message
+    assert model.extractor.calls == 0
+    assert model.judge.prompts == []
+
+
+def test_the_schema_in_input_errors_names_every_input_key() -> None:
+    for key in QueryInput.__annotations__:
+        assert f'"{key}"' in query_graph.INPUT_SCHEMA
+
+
+async def test_an_async_input_without_query_is_refused_too(
+    pep8_json: dict[str, Any], judge: RuleAwareFakeChatModel
+) -> None:
+    with pytest.raises(ValueError, match="input has no 'query'"):
+        await build_query_graph().ainvoke(
+            cast("QueryInput", {"rulebook": pep8_json}),
+            context=QueryContext(judge_model=judge),
+        )
+    assert judge.prompts == []
+
+
+def test_a_query_that_is_not_text_is_a_clear_error(
+    pep8_json: dict[str, Any], judge: RuleAwareFakeChatModel
+) -> None:
+    with pytest.raises(TypeError, match="'query' must be a string, not list"):
+        build_query_graph().invoke(
+            cast("QueryInput", {"query": [QUERY], "rulebook": pep8_json}),
+            context=QueryContext(judge_model=judge),
+        )
+    assert judge.prompts == []
+
+
+def test_a_later_run_on_a_thread_needs_its_own_query(
+    pep8_json: dict[str, Any], judge: RuleAwareFakeChatModel
+) -> None:
+    """The query is consumed with the run, as the rulebook: never answered twice."""
+    graph = build_query_graph(checkpointer=InMemorySaver())
+    config = thread()
+    context = QueryContext(judge_model=judge)
+    graph.invoke({"query": QUERY, "rulebook": pep8_json}, config, context=context)
+    asked = len(judge.prompts)
+    with pytest.raises(ValueError, match="input has no 'query'"):
+        graph.invoke(
+            cast("QueryInput", {"rulebook": pep8_json}), config, context=context
+        )
+    assert len(judge.prompts) == asked
 
 
 # --- the per-rule fan-out, streamed ---------------------------------------------------
@@ -897,6 +970,60 @@ def test_review_applies_to_extracted_rules_only(
     )
     assert "__interrupt__" not in output
     assert ids(output["matches"]) == MATCHED
+
+
+async def test_a_review_without_a_checkpointer_is_refused_before_extraction() -> None:
+    """Without one the pause could never be resumed: refused before paying for it."""
+    model = JudgeAndExtractorFakeChatModel()
+    graph = build_query_graph()
+    inputs: QueryInput = {"query": DOCS_QUERY, "documents": style_guide()}
+    context = QueryContext(judge_model=model, review=True)
+    with pytest.raises(ReviewNeedsCheckpointerError, match="needs a checkpointer"):
+        graph.invoke(inputs, context=context)
+    with pytest.raises(ReviewNeedsCheckpointerError, match="InMemorySaver"):
+        await graph.ainvoke(inputs, context=context)
+    assert model.extractor.calls == 0
+    assert model.judge.prompts == []
+
+
+def test_a_review_of_a_given_rulebook_needs_no_checkpointer(
+    pep8_json: dict[str, Any], judge: RuleAwareFakeChatModel
+) -> None:
+    """Nothing is extracted, so nothing pauses: the run is not refused."""
+    output = build_query_graph().invoke(
+        {"query": QUERY, "rulebook": pep8_json},
+        context=QueryContext(judge_model=judge, review=True),
+    )
+    assert ids(output["matches"]) == MATCHED
+
+
+def test_a_review_pauses_with_the_checkpointer_a_server_gives() -> None:
+    """The review pauses on a LangGraph server (Studio, `langgraph dev`).
+
+    langgraph_api loads `graphs/query.py:graph`, compiled without a checkpointer,
+    and runs a copy with its own (`get_graph`), as here.
+    """
+    from graphs.query import graph as served  # noqa: PLC0415 - the Studio entry
+
+    model = JudgeAndExtractorFakeChatModel()
+    assert served.checkpointer is None
+    graph = served.copy(update={"checkpointer": InMemorySaver()})
+    config, rules = start_review(graph, QueryContext(judge_model=model, review=True))
+    assert len(rules) == 4
+    assert graph.get_state(config).next == ("review",)
+
+
+def test_a_review_in_a_subgraph_pauses_with_the_parents_checkpointer() -> None:
+    model = JudgeAndExtractorFakeChatModel()
+    parent = (
+        StateGraph(query_graph.QueryState, context_schema=QueryContext)
+        .add_node("tag", build_query_graph())
+        .add_edge(START, "tag")
+        .compile(checkpointer=InMemorySaver())
+    )
+    config, rules = start_review(parent, QueryContext(judge_model=model, review=True))
+    assert len(rules) == 4
+    assert parent.get_state(config, subgraphs=True).tasks[0].name == "tag"
 
 
 # --- context --------------------------------------------------------------------------

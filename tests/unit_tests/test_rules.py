@@ -516,10 +516,25 @@ def test_load_non_utf8_file(full_rulebook: Rulebook, tmp_path: Path) -> None:
     path.write_bytes(text.encode("latin-1", errors="replace"))
     bad_offset = text.encode("latin-1", errors="replace").index("é".encode("latin-1"))
 
+    line = text[: text.index("é")].count("\n") + 1
+
     message = _load_error(path)
 
-    assert f"is not UTF-8 text (bad byte at offset {bad_offset})" in message
-    assert "re-save it as UTF-8" in message
+    # The same words as for every text file a user gives `tag` (`_text.read_text`).
+    assert f"is not UTF-8 text (byte 0xe9 at offset {bad_offset}, line {line})" in (
+        message
+    )
+    assert "save it as UTF-8" in message
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-8-sig"])
+def test_load_marked_utf16_and_utf8_with_bom(
+    encoding: str, full_rulebook: Rulebook, tmp_path: Path
+) -> None:
+    # Before: UTF-16 with its byte-order mark was refused, unlike `tag run -`'s input.
+    path = tmp_path / "marked.json"
+    path.write_bytes(full_rulebook.model_dump_json(indent=2).encode(encoding))
+    assert Rulebook.load(path) == full_rulebook
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ from langchain_tag.learning.learned_prefilter import (
     LearnedPrefilter,
 )
 from langchain_tag.learning.verdict_log import (
+    MissingVerdictLogError,
     Retention,
     SQLiteVerdictLog,
     VerdictLogWarning,
@@ -853,3 +854,74 @@ def test_a_judge_with_rationale_logs_its_reasons(tmp_path: Path) -> None:
         f"{PROMPT_VERSION}+{RATIONALE_VERSION}",
         PROMPT_VERSION,
     ]
+
+
+# --- reading only --------------------------------------------------------------------
+
+
+def _tables(path: Path) -> list[str]:
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        return sorted(name for (name,) in rows if not name.startswith("sqlite_"))
+
+
+def test_read_only_reads_a_log_made_before_reasons_without_changing_it(
+    tmp_path: Path,
+) -> None:
+    path = old_log(tmp_path / "old.sqlite")
+    before = (path.read_bytes(), path.stat().st_mtime_ns, _columns(path))
+    log = SQLiteVerdictLog(path, read_only=True)
+    assert log.read_only
+    assert [(r.id, r.text, r.reason) for r in log.records()] == [
+        (1, "old trigger-001", None)
+    ]
+    assert log.stats().verdicts == len(log) == log.position() == 1
+    assert [e.applies for e in log.examples(RULES)] == [True]
+    log.close()
+    # Opened for writing it would have gained the `reason` column.
+    assert (path.read_bytes(), path.stat().st_mtime_ns, _columns(path)) == before
+
+
+def test_read_only_refuses_what_is_not_a_log_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "nowhere" / "log.sqlite"
+    with pytest.raises(
+        MissingVerdictLogError, match=r"no verdict log at .*: no such file"
+    ):
+        SQLiteVerdictLog(missing, read_only=True)
+    assert not missing.parent.exists()
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+    conn.close()
+    with pytest.raises(
+        MissingVerdictLogError,
+        match=r"holds no table verdict_log or verdict_log_inputs \(its tables: notes\)",
+    ):
+        SQLiteVerdictLog(other, read_only=True)
+    assert _tables(other) == ["notes"]
+    log_path = SQLiteVerdictLog(tmp_path / "log.sqlite").path
+    with pytest.raises(MissingVerdictLogError, match="no table verdicts or verdicts_"):
+        SQLiteVerdictLog(log_path, table="verdicts", read_only=True)
+    assert _tables(log_path) == ["verdict_log", "verdict_log_inputs"]
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE verdict_log (id INTEGER, rule_id TEXT)")
+        conn.execute("CREATE TABLE verdict_log_inputs (digest TEXT)")
+    conn.close()
+    with pytest.raises(MissingVerdictLogError, match="no column input_digest, rule_h"):
+        SQLiteVerdictLog(other, read_only=True)
+
+
+def test_a_read_only_log_refuses_writes(tmp_path: Path) -> None:
+    path = SQLiteVerdictLog(tmp_path / "log.sqlite").path
+    log = open_verdict_log(path, read_only=True)
+    rule = RULES.rules[0]
+    with pytest.raises(PermissionError, match="read-only"):
+        log.record("x", rule, Verdict(rule_id="R-000", applies=True))
+    with pytest.raises(PermissionError, match="read-only"):
+        log.prune()
+    with pytest.raises(PermissionError, match="read-only"):
+        log.clear()
+    assert (len(log), log.pending) == (0, 0)
+    log.close()

