@@ -22,6 +22,8 @@ from typing import Any
 
 from langchain_core.embeddings import Embeddings
 
+from langchain_tag._loading import quiet_model_loading
+
 EmbeddingsSpec = str | os.PathLike[str] | Embeddings | None
 """What `embeddings_from_spec` takes (see there)."""
 
@@ -80,9 +82,10 @@ class LocalMiniLMEmbeddings(Embeddings):
                     SentenceTransformer,
                 )
 
-                self._model = SentenceTransformer(
-                    str(self.model_path), device=self.device, local_files_only=True
-                )
+                with quiet_model_loading():
+                    self._model = SentenceTransformer(
+                        str(self.model_path), device=self.device, local_files_only=True
+                    )
             return self._model
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:

@@ -8,9 +8,7 @@ where a llama.cpp build tuned to one machine dies with SIGILL on another.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import io
 import itertools
 import json
 import math
@@ -27,6 +25,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict, Field
 from typing_extensions import Self
 
+from langchain_tag._loading import quiet_model_loading
 from langchain_tag.errors import TAGError
 from langchain_tag.local_model._smollm2 import (
     DEFAULT_N_CTX,
@@ -348,25 +347,16 @@ def _load(path: Path) -> _Loaded:
         AutoModelForCausalLM,
         AutoTokenizer,
     )
-    from transformers.utils import logging as transformers_logging  # noqa: PLC0415
 
     if path.is_file():
         where, options = path.parent, {"gguf_file": path.name}
     else:
         where, options = path, {}
-    # Progress bars would cut through the caller's output: transformers' own, and
-    # the GGUF reader's plain tqdm on stderr, which no setting silences once loaded.
-    bars = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            tokenizer = AutoTokenizer.from_pretrained(where, **options)
-            model = AutoModelForCausalLM.from_pretrained(
-                where, dtype=torch.float32, **options
-            )
-    finally:
-        if bars:
-            transformers_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+    with quiet_model_loading():
+        tokenizer = AutoTokenizer.from_pretrained(where, **options)
+        model = AutoModelForCausalLM.from_pretrained(
+            where, dtype=torch.float32, **options
+        )
     model.eval()  # type: ignore[no-untyped-call]
     eos = model.generation_config.eos_token_id
     eos_ids = {*(eos if isinstance(eos, list) else [eos])}

@@ -21,6 +21,7 @@ from langchain_tag.local_model import (
     LocalModelStoppedError,
     _transformers,
 )
+from langchain_tag.models import with_settings
 from tests.integration_tests.servers import LOCAL_MODEL_PACKAGES, skip_unless_installed
 
 skip_unless_installed(LOCAL_MODEL_PACKAGES)
@@ -84,7 +85,7 @@ def test_json_mode_starts_an_object_and_stops_where_it_closes(
         assert not _transformers._object_closed(text[:-1])
     else:  # ran out of tokens inside the object
         assert answer.usage_metadata is not None
-        assert answer.usage_metadata["output_tokens"] == 200
+        assert answer.usage_metadata["output_tokens"] == 60
 
 
 def test_free_text_stops_at_max_tokens_or_a_stop_string(model: InProcessModel) -> None:
@@ -108,11 +109,25 @@ def test_calls_from_async_code_take_turns(model: InProcessModel) -> None:
     assert len(asyncio.run(both())) == 2
 
 
-def test_a_prompt_longer_than_the_context_is_refused(model: InProcessModel) -> None:
+def test_the_answer_stops_where_the_context_ends(model: InProcessModel) -> None:
     small = InProcessModel(model.model_path, n_ctx=64)
     small._loaded = model._loaded
-    with pytest.raises(ValueError, match="exceeds the local model's context of 64"):
-        small.chat_model(max_tokens=16).invoke("word " * 100)
+    llm = small.chat_model(max_tokens=200)
+    answer = llm.invoke("Count to a hundred.")
+    assert answer.usage_metadata is not None
+    usage = answer.usage_metadata
+    assert usage["input_tokens"] + usage["output_tokens"] <= 64
+    with pytest.raises(ValueError, match="more than the local model's context of 64"):
+        llm.invoke("word " * 100)
+
+
+def test_a_caller_asking_for_more_gets_the_models_limit(
+    model: InProcessModel,
+) -> None:
+    limited, _ = with_settings(model.chat_model(max_tokens=4), max_tokens=4096)
+    answer = limited.invoke("Count from one to twenty in words.")
+    assert answer.usage_metadata is not None
+    assert answer.usage_metadata["output_tokens"] <= 4
 
 
 def test_closing_stops_a_call_at_its_next_token(model: InProcessModel) -> None:
