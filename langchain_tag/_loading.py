@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import sys
 from collections.abc import Iterator
+
+_PROGRESS = re.compile(r"\d+%\|")
+"""A tqdm bar's line: "Converting ...:  42%|████      | 114/272 [...]"."""
 
 
 @contextlib.contextmanager
@@ -14,7 +18,8 @@ def quiet_model_loading() -> Iterator[None]:
 
     `transformers` draws its own (which its setting turns off) and the GGUF reader
     draws a plain tqdm bar on stderr, which nothing else turns off once imported, so
-    stderr is held back; if loading fails, what it said is written out after all.
+    stderr is held back meanwhile and written out without the bars' lines: a warning
+    (from this or another thread) still shows, after the load.
     """
     from transformers.utils import logging as transformers_logging  # noqa: PLC0415
 
@@ -24,9 +29,13 @@ def quiet_model_loading() -> Iterator[None]:
     try:
         with contextlib.redirect_stderr(held):
             yield
-    except BaseException:
-        sys.stderr.write(held.getvalue())
-        raise
     finally:
+        kept = [
+            line
+            for line in re.split(r"[\r\n]+", held.getvalue())
+            if line.strip() and not _PROGRESS.search(line)
+        ]
+        if kept:
+            sys.stderr.write("\n".join(kept) + "\n")
         if bars:
             transformers_logging.enable_progress_bar()  # type: ignore[no-untyped-call]

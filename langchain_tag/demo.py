@@ -171,6 +171,8 @@ class DemoModels:
     check: Callable[[], None] | None = None
     """Raises `LocalServerError` if a local model server has died: its calls would
     otherwise fail as bare connection errors."""
+    offline: bool = False
+    """The local model (SmolLM2), not a configured one."""
 
 
 @contextmanager
@@ -185,16 +187,16 @@ def demo_models(
 
     With `OPENAI_API_KEY` or `OPENAI_BASE_URL` set (and not `offline`), the model is
     `default_chat_model()`. Otherwise SmolLM2-135M runs in this process
-    (`InProcessModel`: no compiler, any CPU), or with `local_server` behind
-    llama.cpp's OpenAI-compatible server, reached by `ChatOpenAI` over HTTP. Its
-    answers are JSON-constrained so that they parse; it is for offline smoke runs
-    and judges poorly.
+    (`InProcessModel`: no compiler, any CPU), or with `local_server` (which
+    implies `offline`) behind llama.cpp's OpenAI-compatible server, reached by
+    `ChatOpenAI` over HTTP. Its answers are JSON-constrained so that they parse; it
+    is for offline smoke runs and judges poorly.
 
     Raises:
         ModelNotConfiguredError: No model is configured and the local one is not
             installed.
     """
-    configured = None if offline else configured_model(model)
+    configured = None if offline or local_server else configured_model(model)
     if configured is not None:
         llm = configured.llm
         judge = ApplicabilityJudge(
@@ -206,7 +208,8 @@ def demo_models(
 
     try:
         path = local_model.smollm2_model_path()
-    except ImportError as error:
+        in_process = None if local_server else local_model.InProcessModel(path)
+    except (ImportError, FileNotFoundError) as error:
         msg = (
             "No chat model is configured and the offline one is not installed. "
             "Set OPENAI_API_KEY (or OPENAI_BASE_URL and TAG_MODEL for an "
@@ -223,7 +226,7 @@ def demo_models(
                 check=server.check,
             )
         return
-    in_process = local_model.InProcessModel(path)
+    assert in_process is not None  # noqa: S101 - made above when not local_server
     try:
         yield _local_models(
             in_process,
@@ -253,6 +256,7 @@ def _local_models(
         quality_note=QUALITY_NOTE,
         stop=stop,
         check=check,
+        offline=True,
     )
 
 

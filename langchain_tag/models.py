@@ -49,8 +49,10 @@ __all__ = [
     "configured_model",
     "default_chat_model",
     "model_identity",
+    "model_label",
     "structured_model",
     "with_settings",
+    "without_password",
 ]
 
 _RetryingT = TypeVar("_RetryingT", Retrying, AsyncRetrying)
@@ -300,6 +302,11 @@ class CallRetry:
 
 
 _ENDPOINT_FIELDS = ("openai_api_base", "base_url", "api_base", "endpoint_url", "host")
+_ENDPOINT = "endpoint:"
+"""How `model_identity` marks the endpoint fields among a model's settings."""
+_NAME_FIELDS = ("model", "model_name", "model_id", "deployment_name", "repo_id")
+"""Settings that name the model, in the order `model_label` looks for one."""
+_PASSWORD = re.compile(r"://([^:/@]*):.*@")
 
 
 ONE_ATTEMPT = CallRetry(max_attempts=1)
@@ -352,17 +359,49 @@ def structured_model(
 def model_identity(llm: BaseChatModel) -> str:
     """A string naming the model, its settings and its endpoint, for cache keys.
 
-    The endpoint matters: two OpenAI-compatible servers may serve different models
+    `module.Class:{settings as JSON}`; `model_label` shortens it for display. The
+    endpoint matters: two OpenAI-compatible servers may serve different models
     under one name, and `_identifying_params` leaves the address out.
     """
     params = dict(llm._identifying_params)  # noqa: SLF001 - the public-facing identity
     for name in _ENDPOINT_FIELDS:
         value = getattr(llm, name, None)
         if isinstance(value, str) and value:
-            params[f"endpoint:{name}"] = value
+            params[f"{_ENDPOINT}{name}"] = value
     return f"{type(llm).__module__}.{type(llm).__qualname__}:" + json.dumps(
         params, sort_keys=True, default=str
     )
+
+
+def model_label(identity: str) -> str:
+    """A model's identity (`model_identity`) as a short label: `name @ endpoint`.
+
+    The identity is the model's class and every setting, as JSON: too long for a
+    line. The name is the model's setting that names it, else its class; the
+    endpoint is shown without the password its URL may carry. Anything else (a
+    name a caller logged) is returned as it is.
+    """
+    kind, _, settings = identity.partition(":")
+    try:
+        params = json.loads(settings)
+    except ValueError:
+        return identity
+    if not isinstance(params, dict):
+        return identity
+    name = next(
+        (str(params[key]) for key in _NAME_FIELDS if params.get(key)),
+        kind.rsplit(".", 1)[-1],
+    )
+    endpoint = next(
+        (str(v) for k, v in sorted(params.items()) if k.startswith(_ENDPOINT) and v),
+        None,
+    )
+    return name if endpoint is None else f"{name} @ {without_password(endpoint)}"
+
+
+def without_password(url: str) -> str:
+    """`url` with the password it may carry (`scheme://user:password@...`) as ***."""
+    return _PASSWORD.sub(r"://\1:***@", url)
 
 
 _JSON_START = re.compile(r"\A\s*(?:```(?:json)?\s*)?[\[{]")

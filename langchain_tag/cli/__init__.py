@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from collections.abc import Sequence
 
@@ -55,16 +56,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     reading early; argparse's own 2 for a bad option.
     """
     try:
-        try:
-            return _run(argv)
-        finally:
-            # Written here, not at exit: a reader gone is then seen below, not by
-            # the interpreter's last flush ("Exception ignored ... BrokenPipeError").
-            if sys.stdout is not None:
-                sys.stdout.flush()
+        status = _run(argv)
+        # Written here, not at exit: a reader gone is then seen below, not by the
+        # interpreter's last flush ("Exception ignored ... BrokenPipeError").
+        if sys.stdout is not None:
+            sys.stdout.flush()
     except BrokenPipeError:
+        if not _stdout_is_a_pipe():
+            raise  # another pipe (a FIFO given as a file): not the reader leaving
         _discard_stdout()
         return BROKEN_PIPE_STATUS
+    return status
+
+
+def _stdout_is_a_pipe() -> bool:
+    try:
+        mode = os.fstat(sys.stdout.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):
+        return True  # not a real file (a test's capture): it stands for the pipe
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def _run(argv: Sequence[str] | None) -> int:

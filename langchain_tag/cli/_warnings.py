@@ -4,33 +4,26 @@ Under `on_error="not_applicable"` a judge warns with `UnreliableMatchWarning` ea
 time some of its judgments failed: once per rule or per input, each printed with a
 Python source line. A command runs inside `failed_judgments`, which keeps those
 warnings and, when the run ends, prints a single line to stderr: how many
-judgments failed and which rules. Other warnings pass through unchanged.
+judgments failed and which rules, as each warning says them (`rule_ids`). Other
+warnings pass through unchanged.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from langchain_tag.matching import UnreliableMatchWarning
 
 __all__ = ["FailedJudgments", "failed_judgments"]
 
 SHOWN = 8
 """Rule ids named in the line; more are counted."""
-
-_WARNED = re.compile(
-    r"(?P<count>\d+) of \d+ judgments? failed\b.*?: (?P<ids>.*?)\. "
-    r"Their verdicts carry the error",
-    re.DOTALL,
-)
-"""`warn_failures`' message: the count of failed judgments and the rules (the
-first ten, then " ...")."""
-
-_CUT = " ..."
 
 
 class FailedJudgments:
@@ -40,23 +33,13 @@ class FailedJudgments:
         """Start with none."""
         self.count = 0
         self.rule_ids: dict[str, None] = {}  # a set that keeps the order
-        self.cut = False
-        """Whether a warning named only some of its rules."""
         self._lock = threading.Lock()  # judges warn from worker threads
 
-    def add(self, message: str) -> None:
-        """Count the judgments and rules one warning's `message` reports."""
-        found = _WARNED.search(message)
+    def add(self, warning: UnreliableMatchWarning) -> None:
+        """Count the failed judgments and their rules that `warning` reports."""
         with self._lock:
-            if found is None:  # a message of another form: at least one failed
-                self.count += 1
-                self.cut = True
-                return
-            self.count += int(found["count"])
-            ids = found["ids"]
-            if ids.endswith(_CUT):
-                ids, self.cut = ids.removesuffix(_CUT), True
-            self.rule_ids.update(dict.fromkeys(i for i in ids.split(", ") if i))
+            self.count += len(warning.rule_ids)
+            self.rule_ids.update(dict.fromkeys(warning.rule_ids))
 
     def summary(self, command: str, option: str | None = None) -> str | None:
         """The line to print, or None when no judgment failed.
@@ -70,11 +53,8 @@ class FailedJudgments:
             return None
         ids = list(self.rule_ids)
         named = ", ".join(ids[:SHOWN])
-        more = len(ids) - SHOWN
-        if more > 0 and not self.cut:
-            named += f" and {more} more"
-        elif more > 0 or self.cut:
-            named = (named + " and others") if named else "not named"
+        if len(ids) > SHOWN:
+            named += f" and {len(ids) - SHOWN} more"
         judgments = (
             "judgment failed and was"
             if self.count == 1
@@ -119,8 +99,10 @@ def failed_judgments(
             file: TextIO | None = None,
             line: str | None = None,
         ) -> None:
-            if issubclass(category, UnreliableMatchWarning):
-                failed.add(str(message))
+            # A warning that names no rule (raised with a message only, not by a
+            # judge) is shown as it is: it cannot be counted.
+            if isinstance(message, UnreliableMatchWarning) and message.rule_ids:
+                failed.add(message)
             else:
                 shown(message, category, filename, lineno, file, line)
 

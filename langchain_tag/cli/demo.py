@@ -6,8 +6,12 @@ import argparse
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from langchain_tag.cli.errors import CommandError, at_least
+
+if TYPE_CHECKING:
+    from langchain_tag.extraction.sectioning import Section
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -53,7 +57,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--local-server",
         action="store_true",
         help="run the offline SmolLM2 behind llama.cpp's OpenAI-compatible server "
-        "(the `llama-cpp` extra) instead of in this process",
+        "(the `llama-cpp` extra) instead of in this process; implies --offline",
     )
     parser.add_argument(
         "--model", help="model name for the default ChatOpenAI (else $TAG_MODEL)"
@@ -108,13 +112,13 @@ def demo_command(args: argparse.Namespace) -> int:
     from langchain_tag.rules import Rulebook  # noqa: PLC0415
 
     rulebook = Rulebook.load(args.rulebook) if args.rulebook else None
-    from langchain_tag.models import environment_configures_model  # noqa: PLC0415
 
-    offline = args.offline or not environment_configures_model()
-    default = OFFLINE_SECTIONS if offline else DEFAULT_SECTIONS
-    chosen = args.sections or ",".join(default)
-    titles = None if chosen.strip().lower() == "all" else chosen.split(",")
-    sections = pep8_sections(titles, args.max_sections)
+    def chosen(titles: str) -> list[Section]:
+        wanted = None if titles.strip().lower() == "all" else titles.split(",")
+        return pep8_sections(wanted, args.max_sections)
+
+    # Checked before any model starts; the default depends on the model.
+    given = chosen(args.sections) if args.sections else None
     try:
         with (
             demo_models(
@@ -125,6 +129,8 @@ def demo_command(args: argparse.Namespace) -> int:
             ) as models,
             _interrupts_stop(models.stop),
         ):
+            default = OFFLINE_SECTIONS if models.offline else DEFAULT_SECTIONS
+            sections = given or chosen(",".join(default))
             run_demo(
                 models,
                 workdir=args.workdir or DEFAULT_WORKDIR,

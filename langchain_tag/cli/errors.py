@@ -6,6 +6,7 @@ Options are checked by argparse types that say which option is wrong and why.
 from __future__ import annotations
 
 import argparse
+import math
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -45,16 +46,33 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def probability(text: str) -> float:
-    """An argparse type: a number in [0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        msg = f"must be a number in [0, 1], got {text!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return value
+def number_in(
+    low: float, high: float, *, low_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: a number in [`low`, `high`], or (`low`, `high`] if `low_open`.
+
+    The message names the range as written here, e.g. "must be a number in (0, 1],
+    got '0'"; nan is in no range.
+    """
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        # nan fails every comparison, so it is refused as well.
+        above = value > low if low_open else value >= low
+        if not (above and value <= high):
+            msg = f"must be a number in {interval}, got {text!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    return parse
+
+
+probability = number_in(0.0, 1.0)
+"""An argparse type: a number in [0, 1]."""
 
 
 def check_writable(path: Path, *, example: str, not_done: str) -> None:

@@ -141,15 +141,15 @@ def extract_command(args: argparse.Namespace) -> int:
 
     check_writable(Path(args.output), example="rulebook.json", not_done="extracted")
     documents = read_documents(args.files)
-    rulebook, ran = _extract(args, documents)
+    rulebook, stored = _extract(args, documents)
     report = ExtractionReport.model_validate(rulebook.diagnostics)
-    if not ran:
+    if stored:
         # A finished run is returned as it was stored: its counts are not this run's.
         print(  # noqa: T201
             f"reused the finished extraction stored in {_checkpoint(args)} (same "
             "documents, domain, model and settings): this run made 0 LLM calls."
         )
-    print(report.format(stored=not ran))  # noqa: T201
+    print(report.format(stored=stored))  # noqa: T201
     lost = " and ".join(_losses(report))
     problem = (
         f"{'incomplete' if len(rulebook) else 'no rule extracted'}: "
@@ -188,19 +188,13 @@ def extract_command(args: argparse.Namespace) -> int:
 def _extract(
     args: argparse.Namespace, documents: list[Document]
 ) -> tuple[Rulebook, bool]:
-    """The rulebook, and whether the graph ran (False: a finished run reused)."""
+    """The rulebook, and whether it is a finished run's, returned as stored."""
     from langchain_tag.extraction import extract_rules  # noqa: PLC0415
     from langchain_tag.models import default_chat_model  # noqa: PLC0415
 
     llm = default_chat_model(model=args.model) if args.model else default_chat_model()
     progress = None if args.quiet else Progress(sys.stderr)
-    finished: list[str] = []
-
-    def on_progress(node: str, done: int) -> None:
-        finished.append(node)
-        if progress is not None:
-            progress(node, done)
-
+    stored: list[bool] = []  # extract_rules says when it returned a stored run
     try:
         rulebook = extract_rules(
             documents,
@@ -209,7 +203,8 @@ def _extract(
             skip_phases=args.skip_phase,
             checkpoint=None if args.no_checkpoint else args.checkpoint,
             max_concurrency=args.max_concurrency,
-            on_progress=on_progress,
+            on_progress=progress,
+            on_stored=lambda: stored.append(True),
             max_section_tokens=args.max_section_tokens,
             faithfulness_mode=args.faithfulness,
             merge=args.merge,
@@ -232,7 +227,7 @@ def _extract(
     finally:
         if progress is not None:
             progress.close()
-    return rulebook, bool(finished)
+    return rulebook, bool(stored)
 
 
 def _checkpoint(args: argparse.Namespace) -> str:

@@ -12,8 +12,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from langchain_tag.cli.errors import CommandError, check_writable
+from langchain_tag.cli.errors import CommandError, check_writable, number_in
 from langchain_tag.cli.verdicts import DEFAULT_LOG, reading
+
+target_recall = number_in(0.0, 1.0, low_open=True)
+"""An argparse type: a number in (0, 1], what `LearnedPrefilter.target_recall`
+accepts (gt=0, le=1)."""
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -42,19 +46,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     train.add_argument("--table", help="the verdicts table, if not the default")
     parser.set_defaults(handler=prefilter_command)
-
-
-def target_recall(text: str) -> float:
-    """An argparse type: a number in (0, 1], what `LearnedPrefilter` accepts."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    # LearnedPrefilter.target_recall: gt=0, le=1 (nan fails both comparisons).
-    if not 0.0 < value <= 1.0:
-        msg = f"must be a number in (0, 1], got {text!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return value
 
 
 def prefilter_command(args: argparse.Namespace) -> int:

@@ -67,7 +67,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run `tag run`."""
     from langchain_core.callbacks import UsageMetadataCallbackHandler  # noqa: PLC0415
 
-    from langchain_tag.models import CallRetry, default_chat_model  # noqa: PLC0415
+    from langchain_tag.models import default_chat_model  # noqa: PLC0415
     from langchain_tag.query_graph import QueryContext, build_query_graph  # noqa: PLC0415
     from langchain_tag.rules import Rulebook  # noqa: PLC0415
 
@@ -77,7 +77,11 @@ def run_command(args: argparse.Namespace) -> int:
     text = _read_input(args.input)
     llm = default_chat_model(model=args.model) if args.model else default_chat_model()
     from langchain_tag.cli._warnings import failed_judgments  # noqa: PLC0415
-    from langchain_tag.matching import JudgmentError  # noqa: PLC0415
+    from langchain_tag.matching.verdicts import (  # noqa: PLC0415
+        JudgmentError,
+        advice,
+        failure_kind,
+    )
 
     usage = UsageMetadataCallbackHandler()
     started = time.perf_counter()
@@ -101,25 +105,21 @@ def run_command(args: argparse.Namespace) -> int:
     except Exception as error:
         if not model_failed(error):
             raise
-        # JudgmentError's own advice names the Python API's on_error: its cause only.
-        cause = (
-            f"judging rule {error.rule_id!r} failed: {error.error}"
-            if isinstance(error, JudgmentError)
-            else describe_error(error)
+        # JudgmentError's own message advises in the Python API's options: its
+        # cause only, and the advice in this command's.
+        if isinstance(error, JudgmentError):
+            cause, on_error = error.cause, "--on-error not_applicable"
+        else:  # only a judgment's failure can be flagged and gone past
+            cause, on_error = describe_error(error), None
+        what = advice(
+            failure_kind(error),
+            stronger_model="a stronger --model",
+            retry_hint="try again later",
+            on_error=on_error,
         )
-        if CallRetry().is_transient(error):
-            advice = "try again later"
-        elif isinstance(error, JudgmentError) and error.unreadable:
-            advice = (
-                "its answer cannot be read, and at temperature 0 asking again gives "
-                "the same answer: use a stronger --model, or --on-error "
-                "not_applicable to go on with such rules flagged as unjudged"
-            )
-        else:
-            advice = "the error is not transient: asking again fails the same way"
         msg = (
             f"no answer: the model failed after its retries ({cause}). "
-            f"Nothing was assumed about any rule; {advice}."
+            f"Nothing was assumed about any rule; {what}."
         )
         raise CommandError(msg) from error
     seconds = time.perf_counter() - started

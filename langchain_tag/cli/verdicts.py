@@ -9,8 +9,6 @@ when the command runs, so `tag --help` loads neither it nor the judge.
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -26,8 +24,6 @@ if TYPE_CHECKING:
 
 DEFAULT_LOG = Path(".langchain-tag") / "verdicts.sqlite"
 
-# Settings of a model's identity (`models.model_identity`) that name the model.
-_NAME_FIELDS = ("model", "model_name", "model_id", "deployment_name", "repo_id")
 _RULES_SHOWN = 5
 
 
@@ -199,7 +195,9 @@ def _database_error(error: BaseException) -> bool:
 
 def _redacted(location: str) -> str:
     """`location` without a password a URI may carry."""
-    return re.sub(r"://([^:/@]*):.*@", r"://\1:***@", location)
+    from langchain_tag.models import without_password  # noqa: PLC0415
+
+    return without_password(location)
 
 
 def _when(seconds: float | None) -> str:
@@ -214,35 +212,13 @@ def _counts(counts: Mapping[str, int]) -> str:
     return "; ".join(f"{name or '(none)'} {n:,}" for name, n in counts.items()) or "-"
 
 
-def _model_label(identity: str) -> str:
-    """A model's identity (`models.model_identity`) as `name @ endpoint`.
-
-    The identity is the model's class and every setting, as JSON: too long for a
-    line. Anything else (a name a caller logged) is shown as it is.
-    """
-    kind, _, settings = identity.partition(":")
-    try:
-        params = json.loads(settings)
-    except ValueError:
-        return identity
-    if not isinstance(params, dict):
-        return identity
-    name = next(
-        (str(params[key]) for key in _NAME_FIELDS if params.get(key)),
-        kind.rsplit(".", 1)[-1],
-    )
-    endpoint = next(
-        (str(v) for k, v in sorted(params.items()) if k.startswith("endpoint:") and v),
-        None,
-    )
-    return name if endpoint is None else f"{name} @ {_redacted(endpoint)}"
-
-
 def _by_label(by_model: Mapping[str, int]) -> dict[str, int]:
     """The verdicts per model label; identities that differ only in settings add up."""
+    from langchain_tag.models import model_label  # noqa: PLC0415
+
     labels: dict[str, int] = {}
     for identity, n in by_model.items():
-        label = _model_label(identity)
+        label = model_label(identity)
         labels[label] = labels.get(label, 0) + n
     return dict(sorted(labels.items()))
 

@@ -27,8 +27,8 @@ reject), output tokens (a judge's NO, a typical answer per execution template, a
 short grader verdict), and the executor's prompt for methods that select with a
 model: what they select is unknown before judging, so they are assumed to select
 the input's gold rules among those judged (all of them without gold labels, an
-upper bound). The oracle's calls are counted, as the harness counts them, but it
-is no model: they cost no tokens and no dollars.
+upper bound). The oracle is no model: its answers are counted as look-ups, as
+the harness counts them, not as calls; they cost no tokens and no dollars.
 
 Not counted: retries after errors, rules a batched answer left out (judged
 again alone), structured-output schemas a provider adds to the prompt, and
@@ -294,7 +294,12 @@ class MethodEstimate(BaseModel):
     judge_calls: int = Field(
         default=0,
         description="Retrieval's model calls: judges (both cascade stages), the "
-        "relevance reranker, LLMChainFilter; the oracle's too (free).",
+        "relevance reranker, LLMChainFilter; not the oracle's look-ups.",
+    )
+    oracle_lookups: int = Field(
+        default=0,
+        description="Judgments the oracle would answer from the gold labels: "
+        "look-ups, not calls (no tokens, $0); a run's `EvalResult.oracle_lookups`.",
     )
     executor_calls: int = 0
     grader_calls: int = Field(
@@ -306,7 +311,7 @@ class MethodEstimate(BaseModel):
         "(a run's `EvalResult.llm_calls + EvalResult.grader_calls`).",
     )
     input_tokens: int = Field(
-        default=0, description="Of the rendered prompts; oracle calls count none."
+        default=0, description="Of the rendered prompts; oracle look-ups count none."
     )
     output_tokens: int = Field(default=0, description="Estimated (see the module).")
     dollars: float | None = Field(
@@ -336,15 +341,16 @@ class _Cost:
     """Calls and tokens, summed over inputs."""
 
     calls: int = 0
-    free_calls: int = 0
-    """Of `calls`, those answered by the oracle (no tokens, no dollars)."""
+    """Model calls."""
+    lookups: int = 0
+    """Judgments the oracle answers: not calls (no tokens, no dollars)."""
     bounded_calls: int = 0
     """Of `calls`, those counted as an upper bound (the cascade's strong stage)."""
     input_tokens: int = 0
     output_tokens: int = 0
 
     def add(self, other: _Cost) -> None:
-        for name in ("calls", "free_calls", "bounded_calls"):
+        for name in ("calls", "lookups", "bounded_calls"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.input_tokens += other.input_tokens
         self.output_tokens += other.output_tokens
@@ -404,17 +410,17 @@ class _Walker:
         bounded: bool = False,
     ) -> _Cost:
         cost = _Cost()
-        free = isinstance(judge.llm, OracleChatModel)
+        oracle = isinstance(judge.llm, OracleChatModel)
         # The judge's own split into calls (rules_per_call at a time).
         for unit in judge.call_units(rules):
             asked = [rule for rule in unit if self._first_time(judge, text, rule)]
             if not asked:
                 continue
-            cost.calls += 1
-            cost.free_calls += free
-            cost.bounded_calls += bounded
-            if free:
+            if oracle:  # a look-up in the gold labels: no call, no tokens
+                cost.lookups += 1
                 continue
+            cost.calls += 1
+            cost.bounded_calls += bounded
             # One rule left to ask is judged alone, as `_judge_unit` does.
             messages = (
                 judge.messages(text, asked[0])
@@ -626,6 +632,7 @@ class _Run:
             method,
             n=len(retrievals),
             judge_calls=retrieval.calls,
+            oracle_lookups=retrieval.lookups,
             executor_calls=execution.calls,
             grader_calls=grading.calls,
             input_tokens=input_tokens,
@@ -681,10 +688,10 @@ class _Run:
                 "for every pair; the cascade escalates only what its cheap judge "
                 "does not reject confidently"
             )
-        if retrieval.free_calls:
+        if retrieval.lookups:
             notes.append(
-                f"{retrieval.free_calls:,} oracle calls: answered from the gold "
-                "labels, no tokens, $0"
+                f"{retrieval.lookups:,} oracle look-ups: answered from the gold "
+                "labels, not LLM calls: no tokens, $0"
             )
         if repeats:
             notes.append(
@@ -895,7 +902,7 @@ def estimate_table(estimates: Iterable[MethodEstimate]) -> str:
         "request); output tokens are estimated (a judge's NO, a typical answer per "
         "execution template, a short grader verdict). The executor's prompt is "
         "estimated for methods that select with a model (the gold rules judged "
-        "stand for their picks). Oracle calls cost nothing. USD per million tokens, "
-        "one price for every model.",
+        "stand for their picks). Oracle look-ups are not calls and cost nothing. USD "
+        "per million tokens, one price for every model.",
     ]
     return "\n".join(lines)

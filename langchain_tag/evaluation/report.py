@@ -216,7 +216,7 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
             r.units,
             r.n,
             *(r.metrics.get(metric.key) for metric in quality),
-            r.model_calls,
+            r.llm_calls,
             *([r.oracle_lookups] if looked_up else []),
             r.calls_per_input,
             r.input_tokens,

@@ -55,8 +55,7 @@ from langchain_tag.evaluation.tasks import (
 )
 from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.execution import ActionOnlyExecutor
-from langchain_tag.matching import JudgmentError
-from langchain_tag.models import CallRetry
+from langchain_tag.matching.verdicts import JudgmentError, advice, failure_kind
 from langchain_tag.rules import Rulebook
 
 __all__ = [
@@ -99,14 +98,14 @@ class EvalResult(BaseModel):
     )
     llm_calls: int = Field(
         default=0,
-        description="Judge and executor calls, the oracle's look-ups included (a "
-        "judge model in the oracle's place would make them): see `oracle_lookups` "
-        "and `model_calls`.",
+        description="Judge and executor calls that reached a model; the oracle's "
+        "look-ups are not calls (`oracle_lookups`).",
     )
     oracle_lookups: int = Field(
         default=0,
-        description="Of `llm_calls`, the judgments the oracle answered from the "
-        "gold labels: look-ups, not model calls (no tokens, nothing paid).",
+        description="Judgments the oracle answered from the gold labels: look-ups, "
+        "not LLM calls (no tokens, nothing paid), though a judge model in the "
+        "oracle's place would make as many calls.",
     )
     executor_calls: int = 0
     grader_calls: int = Field(
@@ -188,14 +187,9 @@ class EvalResult(BaseModel):
         ]
 
     @property
-    def model_calls(self) -> int:
-        """Calls that reached a model: `llm_calls` without the oracle's look-ups."""
-        return self.llm_calls - self.oracle_lookups
-
-    @property
     def calls_per_input(self) -> float | None:
         """LLM calls per evaluated input (not the oracle's look-ups)."""
-        return self.model_calls / self.n if self.n else None
+        return self.llm_calls / self.n if self.n else None
 
     @property
     def calls_per_input_with_lookups(self) -> float | None:
@@ -204,7 +198,7 @@ class EvalResult(BaseModel):
         What the method would cost with a judge model in the oracle's place; the
         same as `calls_per_input` for a method without the oracle.
         """
-        return self.llm_calls / self.n if self.n else None
+        return (self.llm_calls + self.oracle_lookups) / self.n if self.n else None
 
 
 class RunOptions(TypedDict, total=False):
@@ -369,9 +363,9 @@ async def _evaluate_method(
         method,
         n=len(outcomes),
         metrics=quality,
-        llm_calls=retrieval.calls + execution.calls,
+        llm_calls=retrieval.model_calls + execution.model_calls,
         oracle_lookups=retrieval.oracle_calls + execution.oracle_calls,
-        executor_calls=execution.calls,
+        executor_calls=execution.model_calls,
         grader_calls=grading.calls,
         input_tokens=retrieval.input_tokens + execution.input_tokens
         if reported
@@ -451,36 +445,32 @@ async def _grade(
 def _failed(
     task: EvalTask, method: Method, outcome: ItemOutcome, step: _Step, error: Exception
 ) -> None:
-    # A JudgmentError's own advice is the Python judge's (on_error=...), an option
-    # an evaluation does not have: its cause is recorded, `_advice` says the rest.
-    cause = (
-        f"judging rule {error.rule_id!r} failed: {error.error}"
-        if isinstance(error, JudgmentError)
-        else str(error)
-    )
+    # A JudgmentError's own message advises in the Python judge's options
+    # (on_error=...), which an evaluation does not have: its cause is recorded,
+    # `_advice` says the rest.
+    cause = error.cause if isinstance(error, JudgmentError) else str(error)
     outcome.error = f"{step}: {type(error).__name__}: {cause}"
     logger.warning(
         "%s %s %s: %s", task.name, method.name, outcome.item.id, outcome.error
     )
 
 
-TRANSIENT_ADVICE = (
-    "rate limits or timeouts (transient): run again later, or with fewer calls in "
-    "flight (--max-concurrency, or max_concurrency=)"
-)
-UNREADABLE_ADVICE = (
-    "judge answers could not be read, and at temperature 0 asking again gives the "
-    "same answer: use a stronger judge model (--judge-model, or judge_model=)"
-)
-
-
 def _advice(error: Exception) -> list[str]:
-    """What an evaluation's user can do about `error`: its options only."""
-    if CallRetry().is_transient(error):
-        return [TRANSIENT_ADVICE]
-    if isinstance(error, JudgmentError) and error.unreadable:
-        return [UNREADABLE_ADVICE]
-    return []
+    """What an evaluation's user can do about `error`, in its options.
+
+    Nothing for a permanent error: the failures line shows it as it is.
+    """
+    kind = failure_kind(error)
+    if kind == "permanent":
+        return []
+    return [
+        advice(
+            kind,
+            stronger_model="a stronger judge model (--judge-model, or judge_model=)",
+            retry_hint="run again later, or with fewer calls in flight "
+            "(--max-concurrency, or max_concurrency=)",
+        )
+    ]
 
 
 def run_nba(

@@ -170,6 +170,7 @@ class _Run:
     input: ExtractionInput
     settings: ExtractionSettings
     on_progress: ProgressCallback | None
+    on_stored: Callable[[], None] | None = None
     done: Counter[str] = field(default_factory=Counter)
 
     @classmethod
@@ -181,6 +182,7 @@ class _Run:
         skip_phases: Iterable[int],
         settings: dict[str, Any],
         on_progress: ProgressCallback | None,
+        on_stored: Callable[[], None] | None,
     ) -> _Run:
         docs = _as_documents(documents)
         skipped = frozenset(skip_phases)
@@ -196,7 +198,7 @@ class _Run:
             "domain": domain,
             "run_key": key,
         }
-        return cls(run_input, run_settings, on_progress)
+        return cls(run_input, run_settings, on_progress, on_stored)
 
     def config(
         self, thread_id: str | None, max_concurrency: int, callbacks: Callbacks
@@ -235,6 +237,12 @@ class _Run:
         problems = (p for phase in report.phases.values() for p in phase.problems)
         return None if any(map(unreadable_problem, problems)) else rulebook
 
+    def stored(self, rulebook: Rulebook) -> Rulebook:
+        """`rulebook`, a finished run's returned without running: the caller is told."""
+        if self.on_stored is not None:
+            self.on_stored()
+        return rulebook
+
     def stream(self, snapshot: StateSnapshot, config: RunnableConfig) -> dict[str, Any]:
         """The arguments of `stream`: no input resumes the thread's interrupted run."""
         resume = (
@@ -268,6 +276,7 @@ def extract_rules(
     retry: CallRetry | None = None,
     callbacks: Callbacks = None,
     on_progress: ProgressCallback | None = None,
+    on_stored: Callable[[], None] | None = None,
     **settings: Any,
 ) -> Rulebook:
     """Extract a verified rulebook from documents (the five phases of Stage 1).
@@ -292,6 +301,10 @@ def extract_rules(
         retry: Backoff for transient model errors.
         callbacks: LangChain callbacks for the run (tracing).
         on_progress: Called as nodes finish, e.g. for a progress bar.
+        on_stored: Called when the finished run is returned as it was stored,
+            without running: no node runs and no model is called, and the report
+            is that of the call that finished the run (`ExtractionReport.format(
+            stored=True)` labels it so).
         **settings: Other `ExtractionSettings` fields (`max_section_tokens`,
             `faithfulness_mode`, `merge`, ...). `merge="duplicates"` (default, the
             method) merges only pairs phase 4 judged duplicates;
@@ -302,15 +315,18 @@ def extract_rules(
         The rulebook; its `diagnostics` hold the `ExtractionReport`. Its calls are
         those made by this call; answers from the store, and calls made before an
         interruption this call resumed, are counted as reused. A finished run
-        returned at once keeps the report of the call that finished it.
+        returned at once keeps the report of the call that finished it
+        (`on_stored` is called then).
     """
-    run = _Run.start(documents, llm, domain, skip_phases, settings, on_progress)
+    run = _Run.start(
+        documents, llm, domain, skip_phases, settings, on_progress, on_stored
+    )
     config = run.config(thread_id, max_concurrency, callbacks)
     with _persistence(checkpoint) as (saver, answers):
         graph = run.graph(saver, answers, retry)
         snapshot = graph.get_state(config)
         if (rulebook := run.finished(snapshot.values)) is not None:
-            return rulebook
+            return run.stored(rulebook)
         for update in graph.stream(**run.stream(snapshot, config)):
             run.progress(update)
         return Rulebook.model_validate(graph.get_state(config).values["rulebook"])
@@ -328,16 +344,19 @@ async def aextract_rules(
     retry: CallRetry | None = None,
     callbacks: Callbacks = None,
     on_progress: ProgressCallback | None = None,
+    on_stored: Callable[[], None] | None = None,
     **settings: Any,
 ) -> Rulebook:
     """Async `extract_rules`: the fan-out's LLM calls run on the event loop."""
-    run = _Run.start(documents, llm, domain, skip_phases, settings, on_progress)
+    run = _Run.start(
+        documents, llm, domain, skip_phases, settings, on_progress, on_stored
+    )
     config = run.config(thread_id, max_concurrency, callbacks)
     async with _apersistence(checkpoint) as (saver, answers):
         graph = run.graph(saver, answers, retry)
         snapshot = await graph.aget_state(config)
         if (rulebook := run.finished(snapshot.values)) is not None:
-            return rulebook
+            return run.stored(rulebook)
         async for update in graph.astream(**run.stream(snapshot, config)):
             run.progress(update)
         state = await graph.aget_state(config)

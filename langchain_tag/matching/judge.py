@@ -47,6 +47,7 @@ from langchain_tag.matching.profiles import (
     RuleSchemaProfile,
 )
 from langchain_tag.matching.verdicts import (
+    FailureKind,
     JudgmentError,
     UnreliableMatchWarning,
     Verdict,
@@ -515,7 +516,7 @@ class ApplicabilityJudge(BaseJudge):
             decision = parse_verdict(answer, schema=schema)
             if decision is None:
                 # Deterministic at temperature 0, so not retried.
-                return self._failed(rule, _unreadable(answer))
+                return self._failed(rule, _unreadable(answer), kind="unreadable")
         # With a reason first, the score is read after the decision's key.
         score_key = answer_format(schema).keys[0] if self.rationale else None
         score = score_from_logprobs(raw, after_key=score_key) if self.logprobs else None
@@ -527,18 +528,27 @@ class ApplicabilityJudge(BaseJudge):
         )
 
     def _read(self, rule: Rule, output: Any) -> Verdict:
-        """The verdict of a call that went through; unreadable, a failed judgment."""
+        """The verdict of a call that went through; unreadable, a failed judgment.
+
+        Only an answer that gives no verdict is unreadable (`_from_output` says
+        so); an error while reading it is not the answer's fault, so it fails the
+        judgment as a permanent error, through the policy like any other.
+        """
         _fanout.succeeded()
         try:
             return self._from_output(rule, output)
         except JudgmentError:
             raise
         except Exception as error:  # noqa: BLE001 - reported through the policy
-            return self._failed(rule, f"unreadable judge output ({error!r})")
+            return self._failed(
+                rule, f"reading the judge's answer failed: {describe_error(error)}"
+            )
 
-    def _failed(self, rule: Rule, error: str, *, transient: bool = False) -> Verdict:
+    def _failed(
+        self, rule: Rule, error: str, *, kind: FailureKind = "permanent"
+    ) -> Verdict:
         if self.on_error == "raise":
-            raise JudgmentError(rule.rule_id, error, transient=transient)
+            raise JudgmentError(rule.rule_id, error, kind=kind)
         return Verdict(rule_id=rule.rule_id, applies=False, error=error)
 
     def _retrying(self, kind: type[_fanout.RetryingT]) -> _fanout.RetryingT:
@@ -556,10 +566,11 @@ class ApplicabilityJudge(BaseJudge):
         if isinstance(error, _fanout.Abandoned):
             raise error
         attempts = retrying.statistics.get("attempt_number", 1)
+        transient = (self.retry or ONE_ATTEMPT).is_transient(error)
         return self._failed(
             rule,
             f"{describe_error(error)} (after {attempts} attempt(s))",
-            transient=(self.retry or ONE_ATTEMPT).is_transient(error),
+            kind="transient" if transient else "permanent",
         )
 
     # -- the cache and the log: the pure parts shared by the sync and async paths --

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_tag.errors import TAGError
+from langchain_tag.models import CallRetry
 from langchain_tag.rules import Rule
 
 __all__ = [
+    "FailureKind",
     "JudgmentError",
     "UnreliableMatchWarning",
     "Verdict",
     "VerdictSink",
+    "advice",
+    "failure_kind",
     "warn_failures",
 ]
 
@@ -60,43 +64,107 @@ class Verdict(BaseModel):
         return 1.0 if self.score is None else self.score
 
 
-_UNREADABLE = ("unparseable judge output", "unreadable judge output")
-"""How the judge's errors start when it got an answer it could not read."""
+FailureKind = Literal["transient", "unreadable", "permanent"]
+"""Why a judgment failed, which decides what helps: `transient` (a rate limit, a
+timeout: try again later), `unreadable` (the judge answered, but no verdict could be
+read from the answer: at temperature 0 asking again gives the same answer, so only
+another model helps), `permanent` (anything else: asking again fails the same way)."""
+
+
+def failure_kind(error: BaseException) -> FailureKind:
+    """The kind of `error`: a `JudgmentError`'s own, else transient or permanent."""
+    if isinstance(error, JudgmentError):
+        return error.kind
+    return "transient" if CallRetry().is_transient(error) else "permanent"
+
+
+def advice(
+    kind: FailureKind,
+    *,
+    stronger_model: str,
+    retry_hint: str,
+    on_error: str | None = None,
+) -> str:
+    """What to do about a failure of `kind`, in the caller's own options.
+
+    The one wording of the advice: `JudgmentError`'s message (the Python API),
+    `tag run` and `tag eval` each pass their own names for the options.
+
+    Args:
+        kind: The failure's kind (`failure_kind`).
+        stronger_model: What to use against an unreadable answer, after "use"
+            (e.g. "a stronger --model").
+        retry_hint: What to do against a transient failure (e.g. "retry later").
+        on_error: How to go on with such rules flagged as unjudged (e.g. "set
+            on_error='not_applicable'"); None when the caller has no such option.
+    """
+    if kind == "transient":
+        said = f"the failure is transient (a rate limit or a timeout): {retry_hint}"
+    elif kind == "unreadable":
+        said = (
+            "the answer could not be read, and at temperature 0 asking again gives "
+            f"the same answer: use {stronger_model}"
+        )
+    else:
+        said = (
+            "the error is not transient, so asking again fails the same way: fix "
+            "its cause"
+        )
+    if on_error is not None:
+        said += f", or {on_error} to go on with such rules flagged as unjudged"
+    return said
 
 
 class JudgmentError(TAGError, RuntimeError):
     """A judgment failed after its retries under `on_error="raise"`.
 
-    `transient` tells whether the last error was one worth retrying later (a rate
-    limit, a timeout): an outer retry, such as a LangGraph node's, may try again.
-    `unreadable` tells whether the judge's answer could not be read: at temperature
-    0 asking again gives the same answer, so only another model helps. The message
-    advises accordingly.
+    `kind` tells why (`FailureKind`), which decides what helps: `transient` (a
+    rate limit, a timeout) is worth retrying later, so an outer retry, such as a
+    LangGraph node's, may try again; `unreadable` (the judge's answer gave no
+    verdict) comes again at temperature 0, so only another model helps;
+    `permanent` fails the same way again. The message advises accordingly.
     """
 
-    def __init__(self, rule_id: str, error: str, *, transient: bool = False) -> None:
-        """Record which rule's judgment failed and why."""
+    def __init__(
+        self, rule_id: str, error: str, *, kind: FailureKind = "permanent"
+    ) -> None:
+        """Record which rule's judgment failed, why, and the kind of failure."""
         self.rule_id = rule_id
         self.error = error
-        self.transient = transient
-        self.unreadable = not transient and error.startswith(_UNREADABLE)
-        if transient:
-            advice = "the failure is transient (a rate limit or a timeout): retry later"
-        elif self.unreadable:
-            advice = (
-                "the answer could not be read, and at temperature 0 asking again "
-                "gives the same answer: use a stronger model"
-            )
-        else:
-            advice = (
-                "the error is not transient, so asking again fails the same way: "
-                "fix its cause"
-            )
-        super().__init__(
-            f"Judging rule {rule_id!r} failed: {error}. Nothing was assumed about "
-            f"it; {advice}, or set on_error='not_applicable' to go on with such "
-            "rules flagged as unjudged."
+        self.kind: FailureKind = kind
+        what = advice(
+            kind,
+            stronger_model="a stronger model",
+            retry_hint="retry later",
+            on_error="set on_error='not_applicable'",
         )
+        cause = self.cause
+        super().__init__(
+            f"{cause[:1].upper()}{cause[1:]}. Nothing was assumed about it; {what}."
+        )
+
+    @property
+    def cause(self) -> str:
+        """Which rule's judgment failed and why, without the advice.
+
+        What a command shows in place of the message, whose advice names the
+        Python API's options (`on_error=`).
+        """
+        return f"judging rule {self.rule_id!r} failed: {self.error}"
+
+    @property
+    def transient(self) -> bool:
+        """Whether the failure is worth retrying later (a rate limit, a timeout).
+
+        `models.CallRetry.is_transient` reads it, so that an outer retry may try a
+        transient failure again.
+        """
+        return self.kind == "transient"
+
+    @property
+    def unreadable(self) -> bool:
+        """Whether the judge answered but no verdict could be read from the answer."""
+        return self.kind == "unreadable"
 
 
 @runtime_checkable
@@ -113,18 +181,37 @@ class VerdictSink(Protocol):
 
 
 class UnreliableMatchWarning(UserWarning):
-    """Some judgments failed and were treated as not applicable by policy."""
+    """Some judgments failed and were treated as not applicable by policy.
+
+    Besides its message it says which: `rule_ids`, the rules whose judgments
+    failed (every one, in order, a rule once per failed judgment), of `total`
+    judgments made. A warning raised with a message only names none.
+    """
+
+    def __init__(
+        self, message: str, *, rule_ids: Sequence[str] = (), total: int = 0
+    ) -> None:
+        """The warning's `message`, and the failed judgments' rules of `total`."""
+        super().__init__(message)
+        self.rule_ids: tuple[str, ...] = tuple(rule_ids)
+        self.total = total
+
+
+_NAMED = 10
+"""Rule ids a warning's message names; `rule_ids` holds them all."""
 
 
 def warn_failures(verdicts: Sequence[Verdict], total: int) -> None:
     """Warn (`UnreliableMatchWarning`) about the failed verdicts among `verdicts`."""
     failed = [v.rule_id for v in verdicts if v.failed]
     if failed:
-        shown = ", ".join(failed[:10]) + (" ..." if len(failed) > 10 else "")  # noqa: PLR2004
-        warnings.warn(
+        shown = ", ".join(failed[:_NAMED]) + (" ..." if len(failed) > _NAMED else "")
+        message = (
             f"{len(failed)} of {total} judgments failed and were treated as not "
             f"applicable (on_error='not_applicable'): {shown}. Their verdicts carry "
-            "the error.",
-            UnreliableMatchWarning,
+            "the error."
+        )
+        warnings.warn(
+            UnreliableMatchWarning(message, rule_ids=failed, total=total),
             stacklevel=4,
         )

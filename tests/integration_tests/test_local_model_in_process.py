@@ -8,7 +8,9 @@ stops, and that closing the model stops a call.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -23,6 +25,7 @@ from langchain_tag.local_model import (
 )
 from langchain_tag.models import with_settings
 from tests.integration_tests.servers import LOCAL_MODEL_PACKAGES, skip_unless_installed
+from tests.unit_tests.conftest import HANG_GUARD
 
 skip_unless_installed(LOCAL_MODEL_PACKAGES)
 
@@ -99,7 +102,22 @@ def test_free_text_stops_at_max_tokens_or_a_stop_string(model: InProcessModel) -
     assert "," not in str(stopped.content)
 
 
-def test_calls_from_async_code_take_turns(model: InProcessModel) -> None:
+def test_calls_from_async_code_take_turns(
+    model: InProcessModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decode = _transformers._decode
+    running, most = 0, 0
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        try:
+            return decode(*args, **kwargs)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(_transformers, "_decode", counted)
     llm = model.chat_model(max_tokens=3)
 
     async def both() -> list[str]:
@@ -107,6 +125,7 @@ def test_calls_from_async_code_take_turns(model: InProcessModel) -> None:
         return [str(a.content) for a in answers]
 
     assert len(asyncio.run(both())) == 2
+    assert most == 1
 
 
 def test_the_answer_stops_where_the_context_ends(model: InProcessModel) -> None:
@@ -130,30 +149,43 @@ def test_a_caller_asking_for_more_gets_the_models_limit(
     assert answer.usage_metadata["output_tokens"] <= 4
 
 
-def test_closing_stops_a_call_at_its_next_token(model: InProcessModel) -> None:
+def test_closing_stops_a_call_at_its_next_token(
+    model: InProcessModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
     closing = InProcessModel(model.model_path)
     closing._loaded = model._loaded
-    loaded = model._loaded
-    assert loaded is not None
+    decode = _transformers._decode
+    generating = threading.Event()
     tokens = 0
 
-    def stopped() -> bool:
-        nonlocal tokens
-        tokens += 1
-        return tokens > 3
+    def watched(*args: Any, stopped: Callable[[], bool], **kwargs: Any) -> Any:
+        def counting() -> bool:
+            nonlocal tokens
+            tokens += 1
+            generating.set()
+            return stopped()
 
-    prompt = loaded.prompt_ids([{"role": "user", "content": "Tell a long story."}])
-    with pytest.raises(LocalModelStoppedError, match="closed while answering"):
-        _transformers._decode(
-            loaded,
-            prompt,
-            _transformers._Constraint(),
-            max_tokens=50,
-            temperature=0.0,
-            stop=(),
-            top_logprobs=0,
-            stopped=stopped,
-        )
+        return decode(*args, stopped=counting, **kwargs)
+
+    monkeypatch.setattr(_transformers, "_decode", watched)
+    failures: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            closing.generate(
+                [{"role": "user", "content": "Tell a long story."}], max_tokens=500
+            )
+        except LocalModelStoppedError as error:
+            failures.append(error)
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    assert generating.wait(HANG_GUARD)
     closing.close()
+    worker.join(HANG_GUARD)
+    assert not worker.is_alive()
+    assert len(failures) == 1
+    assert "closed while answering" in str(failures[0])
+    assert tokens < 500
     with pytest.raises(LocalModelStoppedError, match="was closed"):
         closing.chat_model().invoke("Hello")

@@ -497,7 +497,10 @@ def test_cli_run_judge_outage_is_a_clear_error(
     assert cli.main(["run", rulebook, QUERY]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tag run: error: no answer: the model failed")
-    assert "Nothing was assumed about any rule; try again later." in err
+    assert (
+        "Nothing was assumed about any rule; the failure is transient (a rate limit "
+        "or a timeout): try again later, or --on-error not_applicable to go on"
+    ) in err
 
 
 # --- stage: the executor, in the query graph -----------------------------------------

@@ -6,6 +6,7 @@ A custom labelled set written to a temporary directory stands for the data; the
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import warnings
@@ -86,10 +87,14 @@ def test_offline_oracle_rows_count_lookups_not_llm_calls(
         "labels, not LLM calls: no model ran, no tokens, nothing paid. A judge "
         "model in the oracle's place would make 16 calls, at its price."
     ) in out
-    # The files keep every call, and say which were look-ups.
+    # The files count them as the table does: look-ups, not LLM calls. Before:
+    # their llm_calls was 16, the look-ups counted as calls.
     rows = json.loads((Path(custom[-1]) / "results.json").read_text())
     [saved] = [r for r in rows if r["method"] == "oracle"]
-    assert (saved["llm_calls"], saved["oracle_lookups"]) == (16, 16)
+    assert (saved["llm_calls"], saved["oracle_lookups"]) == (0, 16)
+    with (Path(custom[-1]) / "results.csv").open(encoding="utf-8") as handle:
+        [row] = [r for r in csv.DictReader(handle) if r["method"] == "oracle"]
+    assert (row["llm_calls"], row["oracle_lookups"]) == ("0", "16")
 
 
 def test_tables_without_the_oracle_have_no_lookups_column(

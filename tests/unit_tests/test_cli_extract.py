@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from langchain_tag import cli
+from langchain_tag import Rulebook, cli, extraction
 from langchain_tag.testing import ExtractionFakeChatModel
 
 # --- tag extract -o checked before the first model call -------------------------------
@@ -178,3 +180,46 @@ def test_a_finished_run_run_again_says_it_made_no_call(
     assert f"LLM calls when it ran: {first.calls} made, 0 reused" in out
     assert f"LLM calls: {first.calls} made" not in out
     assert "wrote 3 rules to rules.json" in out
+
+
+def test_only_extraction_says_that_it_returned_a_stored_run(
+    extract: Callable[..., tuple[int, str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: the command took a run that reported no progress for a reused one.
+    real = extraction.extract_rules
+
+    def without_progress(*args: Any, on_progress: Any = None, **kwargs: Any) -> Any:
+        return real(*args, **kwargs)  # the graph runs; no progress is reported
+
+    monkeypatch.setattr("langchain_tag.extraction.extract_rules", without_progress)
+    model = ExtractionFakeChatModel()
+    code, out, _ = extract(model)
+    assert code == 0
+    assert model.calls > 0
+    assert "reused the finished extraction" not in out
+    assert out.startswith("Extraction report (instruction)")
+
+
+@pytest.mark.parametrize("run_async", [False, True])
+def test_extract_rules_calls_on_stored_only_for_a_stored_run(
+    tmp_path: Path, *, run_async: bool
+) -> None:
+    def run(model: ExtractionFakeChatModel) -> tuple[Rulebook, int]:
+        told: list[None] = []
+        options: dict[str, Any] = {
+            "llm": model,
+            "checkpoint": tmp_path / "ck.sqlite",
+            "on_stored": lambda: told.append(None),
+        }
+        rulebook = (
+            asyncio.run(extraction.aextract_rules([GUIDE], **options))
+            if run_async
+            else extraction.extract_rules([GUIDE], **options)
+        )
+        return rulebook, len(told)
+
+    first, told = run(ExtractionFakeChatModel())
+    assert told == 0  # the graph ran
+    again = ExtractionFakeChatModel()
+    assert run(again) == (first, 1)  # returned as stored, the same rulebook
+    assert again.calls == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from langchain_tag import Verdict, cli
 from langchain_tag.cli import prefilter as prefilter_cli
+from langchain_tag.cli.errors import number_in, probability
 from langchain_tag.learning.learned_prefilter import LearnedPrefilter
 from langchain_tag.learning.verdict_log import SQLiteVerdictLog
 from langchain_tag.testing import trigger_rulebook
@@ -201,3 +203,36 @@ def test_train_refuses_a_file_without_the_log_and_a_table_typo(
     assert f"{log_file} holds no table verdicts" in error
     assert tables(log_file) == ["verdict_log", "verdict_log_inputs"]
     assert not model.exists()
+
+
+@pytest.mark.parametrize(
+    ("parse", "value", "ok"),
+    [
+        (probability, "0", True),
+        (probability, "1", True),
+        (probability, "1.5", False),
+        (probability, "nan", False),
+        (prefilter_cli.target_recall, "0", False),
+        (prefilter_cli.target_recall, "1e-9", True),
+        (prefilter_cli.target_recall, "1", True),
+    ],
+)
+def test_one_range_type_words_both_ranges(
+    parse: Callable[[str], float], value: str, *, ok: bool
+) -> None:
+    # Before: --target-recall had a near copy of `probability`; both are now
+    # `number_in`, which words the range as closed or open.
+    if ok:
+        assert parse(value) == float(value)
+        return
+    interval = "[0, 1]" if parse is probability else "(0, 1]"
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        parse(value)
+    assert str(refused.value) == f"must be a number in {interval}, got {value!r}"
+
+
+def test_number_in_words_any_range() -> None:
+    between = number_in(-1.0, 2.5, low_open=True)
+    assert between("2.5") == 2.5
+    with pytest.raises(argparse.ArgumentTypeError, match=r"in \(-1, 2\.5\], got '-1'"):
+        between("-1")

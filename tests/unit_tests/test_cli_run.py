@@ -111,6 +111,31 @@ def test_tag_run_advice_fits_the_failure(
     assert "1 judgment(s) failed and were treated as not applicable" in out
 
 
+class BadRequestError(Exception):
+    """A provider's refusal of the request (HTTP 400): no retry helps."""
+
+    status_code = 400
+
+
+def test_a_failed_execution_is_not_advised_an_option_for_judgments(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The executor's prompt is no judge prompt: its faults are listed under "".
+    monkeypatch.setattr(
+        "langchain_tag.models.default_chat_model",
+        lambda **_: RuleAwareFakeChatModel(faults={"": [BadRequestError("no")]}),
+    )
+    assert cli.main(["run", RULEBOOK, SNIPPET]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == (
+        "tag run: error: no answer: the model failed after its retries "
+        "(BadRequestError: no). Nothing was assumed about any rule; the error is "
+        "not transient, so asking again fails the same way: fix its cause."
+    )
+    # --on-error flags judgments that failed; it does nothing for the execution.
+    assert "--on-error" not in line
+
+
 # --- what `tag run` refuses before any model call ------------------------------------
 
 

@@ -136,37 +136,49 @@ def test_many_rules_are_cut_and_counted() -> None:
     found = FailedJudgments()
     ids = [f"R-{i:02d}" for i in range(SHOWN + 3)]
     for rule_id in ids:
-        found.add(_message(rule_id))
+        found.add(_warning(rule_id))
     line = found.summary("run")
     assert line is not None
     assert ", ".join(ids[:SHOWN]) + " and 3 more." in line
     assert ids[SHOWN] not in line
 
 
-def test_a_warning_naming_only_ten_rules_is_counted_in_full() -> None:
-    # warn_failures names the first ten rules of a call, then "...".
+def test_the_warning_carries_every_failed_rule() -> None:
+    # The message names the first ten rules, then "..."; the warning holds all.
+    ids = [f"R-{i:02d}" for i in range(12)]
+    warning = _warning(*ids)
+    assert str(warning).endswith("R-09 .... Their verdicts carry the error.")
+    assert (warning.rule_ids, warning.total) == (tuple(ids), 20)
+    # Before: the line was read back from that message, so it could only say
+    # "and others".
     found = FailedJudgments()
-    found.add(_message(*(f"R-{i:02d}" for i in range(12))))
+    found.add(warning)
     assert found.count == 12
-    line = found.summary("run")
-    assert line is not None
-    assert line.startswith("tag run: warning: 12 judgments failed")
-    assert line.endswith("R-07 and others.")
-
-
-def test_a_message_of_another_form_still_counts() -> None:
-    found = FailedJudgments()
-    found.add("something else failed")
     assert found.summary("run") == (
-        "tag run: warning: 1 judgment failed and was treated as not applicable; "
-        "rules: not named."
+        "tag run: warning: 12 judgments failed and were treated as not applicable; "
+        f"rules: {', '.join(ids[:SHOWN])} and 4 more."
     )
 
 
-def _message(*rule_ids: str) -> str:
+def test_a_warning_that_names_no_rule_is_shown_as_it_is(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Not a judge's: a message only, nothing to count.
+    with (
+        pytest.warns(UnreliableMatchWarning, match="something else failed"),
+        failed_judgments("run") as found,
+    ):
+        warnings.warn("something else failed", UnreliableMatchWarning, stacklevel=1)
+    assert found.count == 0
+    assert capsys.readouterr().err == ""
+
+
+def _warning(*rule_ids: str) -> UnreliableMatchWarning:
     with pytest.warns(UnreliableMatchWarning) as caught:
         warn_failures(failed(*rule_ids), 20)
-    return str(caught[0].message)
+    [warned] = caught
+    assert isinstance(warned.message, UnreliableMatchWarning)
+    return warned.message
 
 
 def test_rulebook_fixture_has_the_failing_rules() -> None:

@@ -13,6 +13,7 @@ from langchain_tag import TAGError, cli
 from langchain_tag.cli.errors import CommandError
 from langchain_tag.evaluation.datasets import DataNotFoundError, DatasetError
 from langchain_tag.matching import JudgmentError
+from langchain_tag.matching.verdicts import FailureKind, advice, failure_kind
 from langchain_tag.models import ModelNotConfiguredError
 from langchain_tag.rules import RulebookError
 from langchain_tag.testing import RuleAwareFakeChatModel, TransientFakeError
@@ -82,32 +83,72 @@ UNREADABLE = "unparseable judge output 'Perhaps.'"
 
 
 @pytest.mark.parametrize(
-    ("error", "transient", "says", "never"),
+    ("error", "kind", "says", "never"),
     [
         # Before: every kind said "retry later", though at temperature 0 an
         # unreadable answer comes again.
-        (UNREADABLE, False, "temperature 0", "retry later"),
-        ("TransientFakeError: rate limited", True, "retry later", "temperature 0"),
-        ("ValueError: bad request", False, "not transient", "retry later"),
+        (UNREADABLE, "unreadable", "temperature 0", "retry later"),
+        (
+            "TransientFakeError: rate limited",
+            "transient",
+            "retry later",
+            "temperature 0",
+        ),
+        ("ValueError: bad request", "permanent", "not transient", "retry later"),
     ],
 )
 def test_judgment_error_advice_fits_the_failure(
-    error: str, *, transient: bool, says: str, never: str
+    error: str, kind: FailureKind, says: str, never: str
 ) -> None:
-    failed = JudgmentError("R-1", error, transient=transient)
+    failed = JudgmentError("R-1", error, kind=kind)
     message = str(failed)
     assert says in message
     assert never not in message
     assert "temperature 0" not in message or "stronger model" in message
     # The Python API has the option: the message may name it.
     assert "on_error='not_applicable'" in message
-    assert failed.unreadable is (error == UNREADABLE)
+    assert failed.kind == kind
+    assert (failed.transient, failed.unreadable) == (
+        kind == "transient",
+        kind == "unreadable",
+    )
+    assert message.startswith(f"Judging rule 'R-1' failed: {error}. ")
+    assert failed.cause == f"judging rule 'R-1' failed: {error}"
 
 
-def test_a_judgment_error_after_an_unreadable_structured_answer_is_unreadable() -> None:
-    failed = JudgmentError("R-1", "unreadable judge output (ValueError('x'))")
-    assert failed.unreadable
-    assert "retry later" not in str(failed)
+def test_the_kind_is_the_judges_word_not_read_from_the_error() -> None:
+    # Before: `unreadable` was inferred from how the error text began.
+    failed = JudgmentError("R-1", UNREADABLE)
+    assert failed.kind == "permanent"
+    assert not failed.unreadable
+    assert "temperature 0" not in str(failed)
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("transient", "(a rate limit or a timeout): wait"),
+        ("unreadable", "at temperature 0 asking again gives the same answer: use B"),
+        ("permanent", "asking again fails the same way: fix its cause"),
+    ],
+)
+def test_advice_is_one_wording_in_the_callers_options(
+    kind: FailureKind, says: str
+) -> None:
+    # The Python API and both commands word it here, with their own options.
+    told = advice(kind, stronger_model="B", retry_hint="wait", on_error="--skip")
+    assert says in told
+    assert told.endswith(", or --skip to go on with such rules flagged as unjudged")
+    alone = advice(kind, stronger_model="B", retry_hint="wait")
+    assert alone == told.removesuffix(
+        ", or --skip to go on with such rules flagged as unjudged"
+    )
+
+
+def test_failure_kind_of_other_errors() -> None:
+    assert failure_kind(JudgmentError("R-1", "x", kind="unreadable")) == "unreadable"
+    assert failure_kind(TransientFakeError("HTTP 429", 429)) == "transient"
+    assert failure_kind(ValueError("bad request")) == "permanent"
 
 
 RULEBOOK = str(Path(__file__).parent.parent / "fixtures" / "pep8_rulebook.json")

@@ -249,6 +249,8 @@ def check(
         assert found.n == result.n
         assert found.executor_calls == result.executor_calls, found.method
         assert found.grader_calls == result.grader_calls, found.method
+        # The oracle's judgments are look-ups, in both, not calls.
+        assert found.oracle_lookups == result.oracle_lookups, found.method
         made = result.llm_calls - result.executor_calls
         if result.family == "cascade":
             # The strong stage is counted for every pair: an upper bound.
@@ -293,7 +295,11 @@ async def test_estimate_equals_a_fake_run_with_an_executor() -> None:
     assert by_name["tag"].judge_calls == len(TEXTS) * len(RULEBOOK)
     # Five rules in one call, then the sixth alone.
     assert by_name["tag-b5"].judge_calls == len(TEXTS) * 2
-    assert "oracle calls" in " ".join(by_name["oracle"].notes)
+    assert "oracle look-ups" in " ".join(by_name["oracle"].notes)
+    assert (by_name["oracle"].judge_calls, by_name["oracle"].oracle_lookups) == (
+        0,
+        len(TEXTS) * len(RULEBOOK),
+    )
     assert "gold rules" in " ".join(by_name["tag"].notes)
 
 
@@ -438,7 +444,9 @@ def test_dollars_follow_the_prices() -> None:
 def test_oracle_judging_costs_nothing() -> None:
     task = tiny_task()
     [oracle] = estimate(task, ["oracle"], executor=False, price_in=1.0, price_out=1.0)
-    assert oracle.judge_calls == len(TEXTS) * len(RULEBOOK)
+    # Before: the look-ups were counted as judge calls (free ones).
+    assert (oracle.judge_calls, oracle.calls) == (0, 0)
+    assert oracle.oracle_lookups == len(TEXTS) * len(RULEBOOK)
     assert (oracle.input_tokens, oracle.output_tokens, oracle.dollars) == (0, 0, 0.0)
 
 

@@ -203,8 +203,10 @@ async def test_oracle_is_perfect_and_m0_selects_nothing(nba: NBADataset) -> None
     )
     # The oracle is TAG through the real retriever: one counted call per rule,
     # each a look-up in the gold labels, not a model call.
-    assert oracle.llm_calls == oracle.oracle_lookups == 3 * len(RULES)
-    assert (oracle.model_calls, oracle.calls_per_input) == (0, 0.0)
+    # Before: `llm_calls` counted the look-ups, which the table's "LLM calls"
+    # column did not, so the CSV and JSON called them LLM calls.
+    assert (oracle.llm_calls, oracle.oracle_lookups) == (0, 3 * len(RULES))
+    assert oracle.calls_per_input == 0.0
     assert oracle.calls_per_input_with_lookups == len(RULES)
     assert oracle.mean_units == 2.0
     m0 = results["m0-no-retrieval"]
@@ -255,7 +257,7 @@ async def test_judge_calls_are_counted_exactly(nba: NBADataset) -> None:
     # The prefilter keeps min(20, 6) rules: every rule is still judged.
     assert results["tag+hybrid-n20"].llm_calls == 3 * len(RULES)
     # A model's calls are no look-ups.
-    assert (tag.oracle_lookups, tag.model_calls) == (0, tag.llm_calls)
+    assert tag.oracle_lookups == 0
     assert tag.calls_per_input == tag.calls_per_input_with_lookups == len(RULES)
 
 
@@ -270,7 +272,7 @@ def test_the_table_counts_oracle_lookups_apart_from_llm_calls() -> None:
             units="rules",
             n=3,
             metrics={"f1_micro": 1.0},
-            llm_calls=33,  # 30 look-ups and 3 executor calls
+            llm_calls=3,  # the executor's; the judgments were 30 look-ups
             oracle_lookups=30,
             executor_calls=3,
         ),
@@ -563,7 +565,9 @@ async def test_strict_accuracy_and_tokens_with_an_executor(nba: NBADataset) -> N
         assert result.metrics["strict_accuracy"] == pytest.approx(1 / 3)
         assert result.executor_calls == 3
         assert (result.input_tokens, result.output_tokens) == (300, 60)
-    assert results["oracle"].llm_calls == 3 * len(RULES) + 3
+    # The executor's calls; the judgments are look-ups.
+    assert results["oracle"].llm_calls == 3
+    assert results["oracle"].oracle_lookups == 3 * len(RULES)
 
 
 async def test_executor_gets_the_assumptions_but_retrieval_does_not(
@@ -595,7 +599,7 @@ async def test_obliqa_ranks_passages(obliqa: ObliQADataset) -> None:
     assert results["oracle"].metrics["recall_at_10"] == 1.0
     assert results["oracle"].metrics["map_at_10"] == 1.0
     assert results["oracle"].units == "passages"  # the passage rulebook's
-    assert results["oracle"].llm_calls == 2 * 4
+    assert results["oracle"].oracle_lookups == 2 * 4
     assert results["m0-no-retrieval"].metrics["recall_at_10"] == 0.0
     # Four passages, all shortlisted: everything is found, not all ranked first.
     bm25 = results["prefilter-bm25-n10"]
@@ -886,7 +890,7 @@ def test_nba_offline_on_real_data(data_dir: Path) -> None:
         1.0,
         1.0,
     )
-    assert oracle.llm_calls == 4 * 55
+    assert (oracle.llm_calls, oracle.oracle_lookups) == (0, 4 * 55)
     assert results["m0-no-retrieval"].metrics["recall_micro"] == 0.0
     assert results["m1-all-rules"].metrics["recall_micro"] == 1.0
     assert results["m1-all-rules"].mean_units == 55
@@ -894,7 +898,7 @@ def test_nba_offline_on_real_data(data_dir: Path) -> None:
         assert results[name].mean_units == 20
         assert 0.0 < results[name].metrics["recall_micro"] < 1.0
     behind = results["oracle+hybrid-n20"]
-    assert behind.llm_calls == 4 * 20
+    assert behind.oracle_lookups == 4 * 20
     assert behind.metrics["precision_micro"] == 1.0
     assert (
         behind.metrics["recall_micro"]
@@ -939,7 +943,7 @@ def test_obliqa_offline_on_real_data(data_dir: Path) -> None:
         bm25.metrics["recall_at_10"] == bm25.metrics["recall_returned"]
     )  # 10 passages, all ranked
     behind = results["oracle+hybrid-n50"]
-    assert behind.llm_calls == 3 * 50
+    assert behind.oracle_lookups == 3 * 50
     assert (
         behind.metrics["map_at_10"] == behind.metrics["recall_at_10"]
     )  # only gold comes back

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import signal
+import threading
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from langchain_tag.local_model import (
 )
 from langchain_tag.local_model._transformers import Generated
 from langchain_tag.testing import RuleAwareFakeChatModel
+from tests.unit_tests.conftest import HANG_GUARD
 
 _find_spec = importlib.util.find_spec
 
@@ -130,7 +132,7 @@ def test_local_judges_read_constrained_verdicts_as_text(
     local: LocalOpenAIServer | InProcessModel = (
         LocalOpenAIServer(tmp_path / "model.gguf")
         if kind == "server"
-        else InProcessModel(tmp_path / "model.gguf")
+        else InProcessModel(gguf_file(tmp_path))
     )
     requested: list[dict[str, Any]] = []
 
@@ -298,7 +300,7 @@ class ScriptedRuntime(InProcessModel):
 def test_the_chat_model_sends_roles_and_settings_and_reads_the_answer(
     tmp_path: Path,
 ) -> None:
-    runtime = ScriptedRuntime(tmp_path / "model.gguf")
+    runtime = ScriptedRuntime(gguf_file(tmp_path))
     llm = runtime.chat_model(response_format=local_model.VERDICT_RESPONSE_FORMAT)
     answer = llm.invoke(
         [SystemMessage("judge"), HumanMessage("input"), AIMessage("earlier")],
@@ -329,7 +331,7 @@ def test_the_chat_model_sends_roles_and_settings_and_reads_the_answer(
 def test_the_judge_gets_logprob_scores_from_the_chat_model(
     tmp_path: Path, pep8_rulebook: Rulebook
 ) -> None:
-    runtime = ScriptedRuntime(tmp_path / "model.gguf")
+    runtime = ScriptedRuntime(gguf_file(tmp_path))
     verdict = runtime.judge(cache=None).invoke(("x == None", pep8_rulebook.rules[0]))
     assert runtime.calls[0]["top_logprobs"] == 5
     assert verdict.applies
@@ -337,7 +339,62 @@ def test_the_judge_gets_logprob_scores_from_the_chat_model(
 
 
 def test_a_closed_model_refuses_calls_without_loading(tmp_path: Path) -> None:
-    model = InProcessModel(tmp_path / "missing.gguf")
+    model = InProcessModel(gguf_file(tmp_path))
     model.close()
     with pytest.raises(LocalModelStoppedError, match="was closed"):
         model.chat_model().invoke("hello")
+
+
+class ChatTokenizer(CharTokenizer):
+    """Renders a chat prompt as its contents, one token per character."""
+
+    def apply_chat_template(self, prompt: list[dict[str, str]], **_: object) -> str:
+        return "".join(m["content"] for m in prompt)
+
+
+def test_a_call_waiting_its_turn_when_the_model_closes_reads_no_prompt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = InProcessModel(gguf_file(tmp_path))
+    tokenizer = ChatTokenizer()
+    model._loaded = _transformers._Loaded(tokenizer, None, frozenset(), "cache", {})
+    decoded: list[object] = []
+    monkeypatch.setattr(_transformers, "_decode", lambda *a, **k: decoded.append(a))
+    failures: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            model.generate([{"role": "user", "content": "hi"}], max_tokens=4)
+        except LocalModelStoppedError as error:
+            failures.append(error)
+
+    with model._turn:  # another call is generating
+        waiting = threading.Thread(target=call)
+        waiting.start()
+        model.close()
+    waiting.join(timeout=HANG_GUARD)
+    assert not waiting.is_alive()
+    assert decoded == []
+    assert len(failures) == 1
+
+
+def test_a_missing_model_file_is_named_before_anything_loads(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"missing\.gguf: no such model file"):
+        InProcessModel(tmp_path / "missing.gguf")
+
+
+def test_missing_in_process_dependencies_name_the_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    hide(monkeypatch, "gguf")
+    with pytest.raises(ImportError) as error:
+        InProcessModel(gguf_file(tmp_path))
+    assert "gguf" in str(error.value)
+    assert local_model.INSTALL_HINT in str(error.value)
+
+
+def gguf_file(directory: Path) -> Path:
+    """A model file that exists (its content is never read by these tests)."""
+    path = directory / "model.gguf"
+    path.write_bytes(b"GGUF")
+    return path

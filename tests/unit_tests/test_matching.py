@@ -937,6 +937,7 @@ def test_judgment_errors_advise_by_the_kind_of_failure(
     with pytest.raises(JudgmentError) as caught:
         ApplicabilityJudge(llm=llm, retry=FAST_RETRY).invoke(("trigger-000", rule))
     error = caught.value
+    assert error.kind == kind  # the judge's word, not read back from the text
     assert (error.transient, error.unreadable) == (
         kind == "transient",
         kind == "unreadable",
@@ -945,3 +946,30 @@ def test_judgment_errors_advise_by_the_kind_of_failure(
     assert ("retry later" in message) is (kind == "transient")
     assert ("temperature 0" in message) is (kind == "unreadable")
     assert "on_error='not_applicable'" in message
+
+
+def test_an_error_while_reading_an_answer_is_not_an_unreadable_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: any exception in the judge's reading (a bug, say) was labelled an
+    # unreadable answer, and advised a stronger model.
+    def broken(message: object) -> str:
+        msg = "bug"
+        raise RuntimeError(msg)
+
+    monkeypatch.setattr("langchain_tag.matching.judge.answer_text", broken)
+    rule = make_rules(1)[0]
+    judge = ApplicabilityJudge(
+        llm=RuleAwareFakeChatModel(style="prose"), structured_output="never"
+    )
+    with pytest.raises(JudgmentError) as caught:
+        judge.invoke(("trigger-000", rule))
+    error = caught.value
+    assert error.kind == "permanent"
+    assert error.error == "reading the judge's answer failed: RuntimeError: bug"
+    assert "temperature 0" not in str(error)
+    # Flagged like any failure under on_error="not_applicable".
+    lenient = judge.remade(on_error="not_applicable")
+    with pytest.warns(UnreliableMatchWarning):
+        verdict = lenient.invoke(("trigger-000", rule))
+    assert verdict.error == error.error

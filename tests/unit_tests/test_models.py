@@ -14,8 +14,15 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from langchain_tag import ModelNotConfiguredError
-from langchain_tag.models import CallRetry, StructuredFallback, default_chat_model
-from langchain_tag.testing import FakeClock, TransientFakeError
+from langchain_tag.models import (
+    CallRetry,
+    StructuredFallback,
+    default_chat_model,
+    model_identity,
+    model_label,
+    without_password,
+)
+from langchain_tag.testing import FakeClock, RuleAwareFakeChatModel, TransientFakeError
 
 ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "TAG_MODEL")
 
@@ -164,3 +171,33 @@ def test_retry_after_as_an_http_date(monkeypatch: pytest.MonkeyPatch) -> None:
         )
         == 5.0
     )
+
+
+# --- model_identity and its short label ----------------------------------------------
+
+
+def test_a_model_label_names_the_model_and_its_endpoint_without_the_password() -> None:
+    local = ChatOpenAI(
+        model="qwen3-8b",
+        api_key=SecretStr("k"),
+        base_url="http://user:s3cret@gpu-box:8000/v1",
+    )
+    identity = model_identity(local)
+    assert "s3cret" in identity  # the identity keeps the endpoint whole
+    assert model_label(identity) == "qwen3-8b @ http://user:***@gpu-box:8000/v1"
+    # A model without a name setting or an endpoint: its class.
+    fake = model_identity(RuleAwareFakeChatModel())
+    assert model_label(fake) == "RuleAwareFakeChatModel"
+
+
+@pytest.mark.parametrize("logged", ["fake", "gpt-4o-mini", "a:b", "x.Y:[1, 2]"])
+def test_a_model_label_leaves_other_names_as_they_are(logged: str) -> None:
+    # What a caller logged by hand, not an identity: shown as it is.
+    assert model_label(logged) == logged
+
+
+def test_without_password_keeps_the_rest_of_the_url() -> None:
+    assert without_password("postgresql://tag:pw@db:5432/x") == (
+        "postgresql://tag:***@db:5432/x"
+    )
+    assert without_password("http://gpu-box:8000/v1") == "http://gpu-box:8000/v1"
