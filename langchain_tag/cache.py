@@ -97,16 +97,25 @@ class SQLiteConnections:
     concurrent writers, in threads or processes, wait for each other instead of
     failing with "database is locked".
 
+    With `read_only`, the file must exist and is opened `mode=ro`: nothing is
+    created (not the file, nor its directory) and nothing changed (not the journal
+    mode either), and `writing` refuses.
+
     Args:
         path: The database file; its directory is created if needed.
         timeout: Seconds a writer waits for the lock.
+        read_only: Open the existing file for reading only.
     """
 
-    def __init__(self, path: str | Path, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, path: str | Path, *, timeout: float = 30.0, read_only: bool = False
+    ) -> None:
         """Remember where the database is; connections open on first use."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.timeout = timeout
+        self.read_only = read_only
         self._local = threading.local()
 
     def get(self) -> sqlite3.Connection:
@@ -114,9 +123,14 @@ class SQLiteConnections:
         # sqlite3 connections must not cross threads; each thread opens its own.
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=self.timeout)
-            with contextlib.suppress(sqlite3.OperationalError):
-                conn.execute("PRAGMA journal_mode=WAL")
+            if self.read_only:
+                # A URI, so that `?` or `#` in the file's name is not a parameter.
+                uri = f"{self.path.resolve().as_uri()}?mode=ro"
+                conn = sqlite3.connect(uri, uri=True, timeout=self.timeout)
+            else:
+                conn = sqlite3.connect(self.path, timeout=self.timeout)
+                with contextlib.suppress(sqlite3.OperationalError):
+                    conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
             self._local.conn = conn
         return conn
@@ -129,7 +143,13 @@ class SQLiteConnections:
         with the busy timeout: a deferred transaction would read first, and when a
         writer commits meanwhile SQLite refuses its upgrade at once ("database is
         locked"), busy timeout or not.
+
+        Raises:
+            PermissionError: The file was opened `read_only`.
         """
+        if self.read_only:
+            msg = f"The database {self.path} was opened read-only."
+            raise PermissionError(msg)
         conn = self.get()
         conn.execute("BEGIN IMMEDIATE")
         try:

@@ -67,12 +67,10 @@ import abc
 import asyncio
 import logging
 import re
-import sqlite3
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
 from types import MappingProxyType
@@ -911,12 +909,21 @@ class _SQLVerdictLog(VerdictLog):
         """For reading only: refuse a database without the log's tables.
 
         A log made before a column was added (`_ADDED_COLUMNS`) is read with that
-        column empty, as opening it for writing would have added it.
+        column empty, as opening it for writing would have added it. A refused
+        log's connection is closed.
 
         Raises:
             MissingVerdictLogError: A table is missing, or lacks a column every
                 log has.
         """
+        try:
+            self._page_template = self._read_template()
+        except BaseException:
+            self._close()
+            raise
+
+    def _read_template(self) -> str:
+        """The page query of the log's tables as they are; see `_check_tables`."""
         found = {
             name: self._columns_of(name) for name in (self.table, self.inputs_table)
         }
@@ -944,7 +951,7 @@ class _SQLVerdictLog(VerdictLog):
                     f"it has no column {', '.join(lacking)}"
                 )
                 raise MissingVerdictLogError(msg)
-        self._page_template = _page_query(frozenset(added - set(found[self.table])))
+        return _page_query(frozenset(added - set(found[self.table])))
 
     @abc.abstractmethod
     def _columns_of(self, table: str) -> list[str]:
@@ -1053,38 +1060,6 @@ def _record(row: Sequence[Any]) -> VerdictRecord:
     )
 
 
-class _ReadOnlySQLite:
-    """One read-only connection per thread to an existing SQLite file.
-
-    Opened with `mode=ro`, unlike `SQLiteConnections`: nothing is created (not the
-    file, nor its directory) and nothing changed (not the journal mode either).
-    """
-
-    def __init__(self, path: Path, *, timeout: float) -> None:
-        self.path = path
-        self.timeout = timeout
-        # A URI, so that `?` or `#` in the file's name is not read as a parameter.
-        self._uri = f"{path.resolve().as_uri()}?mode=ro"
-        self._local = threading.local()
-
-    def get(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self._uri, uri=True, timeout=self.timeout)
-            self._local.conn = conn
-        return conn
-
-    def writing(self) -> AbstractContextManager[sqlite3.Connection]:
-        msg = f"The verdict log {self.path} was opened read-only."
-        raise PermissionError(msg)
-
-    def close(self) -> None:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            self._local.conn = None
-            conn.close()
-
-
 class SQLiteVerdictLog(_SQLVerdictLog):
     """The verdict log in one SQLite file, safe for several threads and processes.
 
@@ -1123,23 +1098,17 @@ class SQLiteVerdictLog(_SQLVerdictLog):
                 holds no verdict log in `table`.
         """
         super().__init__(table, read_only=read_only, **kwargs)
-        self._connections: SQLiteConnections | _ReadOnlySQLite
-        if read_only:
-            path = Path(path)
-            if not path.is_file():
-                why = "it is a directory" if path.is_dir() else "no such file"
-                msg = f"no verdict log at {path}: {why}"
-                raise MissingVerdictLogError(msg)
-            self._connections = _ReadOnlySQLite(path, timeout=timeout)
-            self.path = path
-            try:
-                self._check_tables()
-            except BaseException:
-                self._close()
-                raise
-            return
-        self._connections = SQLiteConnections(path, timeout=timeout)
+        if read_only and not Path(path).is_file():
+            why = "it is a directory" if Path(path).is_dir() else "no such file"
+            msg = f"no verdict log at {path}: {why}"
+            raise MissingVerdictLogError(msg)
+        self._connections = SQLiteConnections(
+            path, timeout=timeout, read_only=read_only
+        )
         self.path = self._connections.path
+        if read_only:
+            self._check_tables()
+            return
         self._execute([(template, [()]) for template in _SCHEMA])
         self._add_missing_columns()
 
@@ -1236,11 +1205,7 @@ class PostgresVerdictLog(_SQLVerdictLog):
         self.conninfo = conninfo
         self._local = threading.local()
         if read_only:
-            try:
-                self._check_tables()
-            except BaseException:
-                self._close()
-                raise
+            self._check_tables()
             return
         # Concurrent CREATE TABLE IF NOT EXISTS can collide in the catalogue; the
         # first writer creates the schema while the others wait on the lock.

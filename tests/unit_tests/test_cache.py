@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,11 @@ from pathlib import Path
 import pytest
 from langchain_core.stores import BaseStore
 
-from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache
+from langchain_tag.cache import (
+    InMemoryVerdictCache,
+    SQLiteConnections,
+    SQLiteVerdictCache,
+)
 
 
 def test_in_memory_cache_evicts_least_recently_used() -> None:
@@ -100,3 +105,22 @@ def test_sqlite_cache_from_several_processes(tmp_path: Path) -> None:
     cache = SQLiteVerdictCache(path)
     assert len(cache) == 300
     assert cache.mget([f"{n}-99" for n in range(3)]) == ["99"] * 3
+
+
+def test_read_only_connections_change_nothing_and_refuse_writes(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "odd?name#.sqlite"  # URI characters in the name are literal
+    cache = SQLiteVerdictCache(path)
+    cache.mset([("k", "v")])
+    before = path.read_bytes()
+    reading = SQLiteConnections(path, read_only=True)
+    assert reading.get().execute("SELECT count(*) FROM verdicts").fetchone() == (1,)
+    with pytest.raises(PermissionError, match="read-only"), reading.writing():
+        pass
+    reading.close()
+    assert path.read_bytes() == before
+    missing = SQLiteConnections(tmp_path / "new" / "x.sqlite", read_only=True)
+    assert not (tmp_path / "new").exists()  # no directory made
+    with pytest.raises(sqlite3.OperationalError):
+        missing.get()
