@@ -306,7 +306,9 @@ _ENDPOINT = "endpoint:"
 """How `model_identity` marks the endpoint fields among a model's settings."""
 _NAME_FIELDS = ("model", "model_name", "model_id", "deployment_name", "repo_id")
 """Settings that name the model, in the order `model_label` looks for one."""
-_PASSWORD = re.compile(r"://([^:/@]*):.*@")
+_URL_PASSWORD = re.compile(r"://([^:/@]*):.*@")
+"""Up to the last "@": a password may hold one unencoded (`tag:s3cr@t@db`)."""
+_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)\S+")
 
 
 ONE_ATTEMPT = CallRetry(max_attempts=1)
@@ -400,8 +402,12 @@ def model_label(identity: str) -> str:
 
 
 def without_password(url: str) -> str:
-    """`url` with the password it may carry (`scheme://user:password@...`) as ***."""
-    return _PASSWORD.sub(r"://\1:***@", url)
+    """`url` with the password it may carry as ***, for messages.
+
+    Both forms: a URL's (`scheme://user:password@host`) and a libpq connection
+    string's (`host=db password=secret`).
+    """
+    return _KEYWORD_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"://\1:***@", url))
 
 
 _JSON_START = re.compile(r"\A\s*(?:```(?:json)?\s*)?[\[{]")

@@ -66,7 +66,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-import re
 import threading
 import time
 import warnings
@@ -87,6 +86,7 @@ from langchain_tag.learning.learned_prefilter import (
     LabelledExample,
 )
 from langchain_tag.matching.judge import Verdict
+from langchain_tag.models import without_password
 from langchain_tag.rules import Rule, Rulebook
 
 __all__ = [
@@ -1223,8 +1223,7 @@ class PostgresVerdictLog(_SQLVerdictLog):
     @property
     def location(self) -> str:
         """The connection string, without a password."""
-        redacted = re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", self.conninfo)
-        return re.sub(r"(password\s*=\s*)\S+", r"\1***", redacted)
+        return without_password(self.conninfo)
 
     def _connection(self) -> Any:
         conn = getattr(self._local, "conn", None)

@@ -201,3 +201,6 @@ def test_without_password_keeps_the_rest_of_the_url() -> None:
         "postgresql://tag:***@db:5432/x"
     )
     assert without_password("http://gpu-box:8000/v1") == "http://gpu-box:8000/v1"
+    assert without_password("host=db user=tag password=s3cret dbname=x") == (
+        "host=db user=tag password=*** dbname=x"
+    )

@@ -32,6 +32,7 @@ from langchain_tag.learning.learned_prefilter import (
 )
 from langchain_tag.learning.verdict_log import (
     MissingVerdictLogError,
+    PostgresVerdictLog,
     Retention,
     SQLiteVerdictLog,
     VerdictLogWarning,
@@ -332,6 +333,13 @@ def test_cli_refuses_a_missing_log(tmp_path: Path) -> None:
     with pytest.raises(CommandError, match="no verdict log"):
         run_cli(["stats", str(missing)])
     assert not missing.exists()  # reading never creates an empty log
+
+
+def test_the_postgres_log_never_shows_a_password() -> None:
+    # `location` reads only the connection string: no server is needed for it.
+    log = PostgresVerdictLog.__new__(PostgresVerdictLog)
+    log.conninfo = "postgresql://tag:s3cr@t@db:5432/tag"
+    assert log.location == "postgresql://tag:***@db:5432/tag"
 
 
 def test_cli_never_shows_a_password() -> None:
