@@ -3,8 +3,9 @@
 `review_request` builds the interrupt value (`HITLRequest`) that LangGraph Studio and
 Agent Chat UI render; `read_decisions` reads the reviewer's resume value
 (`{"decisions": [...]}`, one decision per action, in order) and says precisely what
-is wrong with one that cannot be applied. The query graph's rule review and the
-agent middleware both speak it.
+is wrong with one that cannot be applied; `check_can_pause` refuses a review that
+could never be resumed. The query graph's rule review and the agent middleware both
+speak it.
 """
 
 from __future__ import annotations
@@ -24,10 +25,41 @@ from langchain.agents.middleware.human_in_the_loop import (
     RespondDecision,
     ReviewConfig,
 )
+from langchain_core.runnables import RunnableConfig
+from langgraph.constants import CONF, CONFIG_KEY_CHECKPOINTER
 from langgraph.types import interrupt
 from typing_extensions import TypeIs
 
+from langchain_tag.errors import TAGError
+
 T = TypeVar("T")
+
+
+class ReviewNeedsCheckpointerError(TAGError, ValueError):
+    """A review is asked for on a run without a checkpointer to pause with.
+
+    Raised by `TAGMiddleware(review_band=...)` and by the query graph with
+    `QueryContext(review=True)`, before any model call.
+    """
+
+
+def check_can_pause(config: RunnableConfig, message: str) -> None:
+    """Refuse a review that could never be resumed: the run has no checkpointer.
+
+    A run has one when its graph was compiled with one, when a parent graph lends
+    it to a subgraph, or when a LangGraph server (Studio) runs the graph: all of
+    them put it in the run's config, which is what is checked here.
+
+    Args:
+        config: The config of the running node (`get_config()` inside one).
+        message: What to tell the caller, e.g. how to give a checkpointer.
+
+    Raises:
+        ReviewNeedsCheckpointerError: The run has no checkpointer.
+    """
+    if config.get(CONF, {}).get(CONFIG_KEY_CHECKPOINTER) is None:
+        raise ReviewNeedsCheckpointerError(message)
+
 
 DEFAULT_ALLOWED: tuple[DecisionType, ...] = ("approve", "edit", "reject")
 """The decisions a reviewer may make unless told otherwise."""

@@ -33,15 +33,19 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_config
-from langgraph.constants import CONF, CONFIG_KEY_CHECKPOINTER, TAG_NOSTREAM
+from langgraph.constants import TAG_NOSTREAM
 from langgraph.runtime import Runtime
 from typing_extensions import NotRequired, TypedDict
 
 from langchain_tag._delimiters import data_tag
-from langchain_tag._review import ask, read_decisions
+from langchain_tag._review import (
+    ReviewNeedsCheckpointerError,
+    ask,
+    check_can_pause,
+    read_decisions,
+)
 from langchain_tag._text import digest
 from langchain_tag.engine import MatchResult, select_applicable
-from langchain_tag.errors import TAGError
 from langchain_tag.execution.templates import format_actions
 from langchain_tag.matching import Verdict
 from langchain_tag.retrievers import TAGRetriever
@@ -55,35 +59,8 @@ __all__ = [
     "TAGMatch",
     "TAGMiddleware",
     "TAGTurn",
-    "check_can_pause",
     "judged_text",
 ]
-
-
-class ReviewNeedsCheckpointerError(TAGError, ValueError):
-    """A review is asked for on a run without a checkpointer to pause with.
-
-    Raised by `TAGMiddleware(review_band=...)` and by the query graph with
-    `QueryContext(review=True)`, before any model call.
-    """
-
-
-def check_can_pause(config: RunnableConfig, message: str) -> None:
-    """Refuse a review that could never be resumed: the run has no checkpointer.
-
-    A run has one when its graph was compiled with one, when a parent graph lends
-    it to a subgraph, or when a LangGraph server (Studio) runs the graph: all of
-    them put it in the run's config, which is what is checked here.
-
-    Args:
-        config: The config of the running node (`get_config()` inside one).
-        message: What to tell the caller, e.g. how to give a checkpointer.
-
-    Raises:
-        ReviewNeedsCheckpointerError: The run has no checkpointer.
-    """
-    if config.get(CONF, {}).get(CONFIG_KEY_CHECKPOINTER) is None:
-        raise ReviewNeedsCheckpointerError(message)
 
 
 class TAGMatch(TypedDict):

@@ -43,7 +43,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from langchain_tag._graph import as_documents
 from langchain_tag._graph import coerce_context as _coerce
-from langchain_tag._review import ask, read_decisions
+from langchain_tag._review import ask, check_can_pause, read_decisions
 from langchain_tag.engine import (
     MATCH_EVENT,
     MatchEngine,
@@ -75,7 +75,6 @@ from langchain_tag.matching import (
     Verdict,
 )
 from langchain_tag.matching.judge import VerdictSink
-from langchain_tag.middleware import check_can_pause
 from langchain_tag.models import CallRetry, default_chat_model, with_settings
 from langchain_tag.rules import Rule, Rulebook
 

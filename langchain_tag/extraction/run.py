@@ -39,7 +39,6 @@ from langchain_tag.extraction.graph import (
     build_extraction_graph,
     source_documents,
 )
-from langchain_tag.extraction.phases import unreadable_problem
 from langchain_tag.extraction.report import ExtractionReport
 from langchain_tag.models import CallRetry, default_chat_model, model_identity
 from langchain_tag.rules import Rulebook, SourceDocument
@@ -234,8 +233,7 @@ class _Run:
             return None
         rulebook = Rulebook.model_validate(values["rulebook"])
         report = ExtractionReport.model_validate(rulebook.diagnostics)
-        problems = (p for phase in report.phases.values() for p in phase.problems)
-        return None if any(map(unreadable_problem, problems)) else rulebook
+        return None if report.unreadable else rulebook
 
     def stored(self, rulebook: Rulebook) -> Rulebook:
         """`rulebook`, a finished run's returned without running: the caller is told."""
