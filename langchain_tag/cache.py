@@ -2,11 +2,18 @@
 
 The judge (`cache=`) and extraction (`answers=`) take any `BaseStore[str, str]`
 (`mget`/`mset`/`mdelete`/`yield_keys` and their async twins): the bounded LRU
-`InMemoryVerdictCache` (the judge's default), the persistent `SQLiteVerdictCache`,
-or a LangChain store of your own. Values are opaque strings under opaque keys (a
-verdict's JSON, a model's answer); the caller builds the keys and decides what is
-stored. The judge stores only successful verdicts: a failed judgment is retried the
-next time instead of turning into a remembered NO.
+`InMemoryVerdictCache` (the judge's default), the persistent `SQLiteVerdictCache`
+(one machine), the `PostgresVerdictCache` several machines share, or a LangChain
+store of your own. `open_verdict_cache(location)` picks one from a location. Values
+are opaque strings under opaque keys (a verdict's JSON, a model's answer); the caller
+builds the keys and decides what is stored. The judge stores only successful
+verdicts: a failed judgment is retried the next time instead of turning into a
+remembered NO.
+
+```python
+cache = open_verdict_cache("postgresql://tag@db/tag")  # or a path, or ":memory:"
+judge = ApplicabilityJudge(llm=llm, cache=cache)
+```
 """
 
 from __future__ import annotations
@@ -16,15 +23,48 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from langchain_core.stores import BaseStore
 
+from langchain_tag.errors import TAGError
+from langchain_tag.models import without_password
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+    from psycopg_pool import ConnectionPool
+
 __all__ = [
     "InMemoryVerdictCache",
+    "PostgresConnections",
+    "PostgresVerdictCache",
+    "SQLiteConnections",
     "SQLiteVerdictCache",
+    "StoreLocationError",
+    "open_verdict_cache",
 ]
+
+_T = TypeVar("_T")
+
+_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+class StoreLocationError(TAGError, ValueError):
+    """A store cannot be opened where it was asked for.
+
+    A path that is a directory or cannot be written, a file that is not a database,
+    a server that cannot be reached, or (read-only) a table that is not there.
+    """
+
+
+def _checked_table(table: str) -> str:
+    """`table` if it is a plain SQL identifier (it is put in statements as is)."""
+    if not table.isidentifier():
+        msg = f"table must be a plain SQL identifier, got {table!r}"
+        raise ValueError(msg)
+    return table
 
 
 class InMemoryVerdictCache(BaseStore[str, str]):
@@ -77,6 +117,9 @@ class InMemoryVerdictCache(BaseStore[str, str]):
         """Forget every stored value."""
         with self._lock:
             self._data.clear()
+
+    def close(self) -> None:
+        """Nothing to release (every cache `open_verdict_cache` opens has `close`)."""
 
     # Dictionary access is fast enough that a thread hop would cost more than it saves.
     async def amget(self, keys: Sequence[str]) -> list[str | None]:  # noqa: D102
@@ -179,19 +222,28 @@ class SQLiteVerdictCache(BaseStore[str, str]):
     def __init__(
         self, path: str | Path, *, table: str = "verdicts", timeout: float = 30.0
     ) -> None:
-        """Open (creating if needed) the cache table `table` in the file at `path`."""
-        if not table.isidentifier():
-            msg = f"table must be a plain SQL identifier, got {table!r}"
-            raise ValueError(msg)
-        self._connections = SQLiteConnections(path, timeout=timeout)
-        self.path = self._connections.path
-        self.table = table
+        """Open (creating if needed) the cache table `table` in the file at `path`.
+
+        Raises:
+            StoreLocationError: `path` is a directory, cannot be created or
+                written, or is not an SQLite database.
+        """
+        self.table = _checked_table(table)
         self.timeout = timeout
-        with self._connections.writing() as conn:
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {table} ("
-                "key TEXT PRIMARY KEY, verdict TEXT NOT NULL, created REAL NOT NULL)"
-            )
+        try:
+            self._connections = SQLiteConnections(path, timeout=timeout)
+            with self._connections.writing() as conn:
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {table} (key TEXT PRIMARY KEY, "
+                    "verdict TEXT NOT NULL, created REAL NOT NULL)"
+                )
+        except (OSError, sqlite3.Error) as error:
+            if "locked" in str(error):
+                raise  # a writer held the lock past the timeout: not the path's fault
+            why = _sqlite_problem(Path(path), error)
+            msg = f"No cache can be kept at {path}: {why}."
+            raise StoreLocationError(msg) from error
+        self.path = self._connections.path
 
     def mget(self, keys: Sequence[str]) -> list[str | None]:
         """The values of `keys`, None where missing."""
@@ -247,3 +299,347 @@ class SQLiteVerdictCache(BaseStore[str, str]):
         query = f"SELECT COUNT(*) FROM {self.table}"  # noqa: S608 - checked identifier
         row = self._connections.get().execute(query).fetchone()
         return int(row[0])
+
+    def close(self) -> None:
+        """Close this thread's connection; the next use opens a new one."""
+        self._connections.close()
+
+
+def _sqlite_problem(path: Path, error: BaseException) -> str:
+    """Why an SQLite file cannot be kept at `path`, with what to do."""
+    if path.is_dir():
+        return f"it is a directory; name a file in it, e.g. {path / 'verdicts.sqlite'}"
+    existing = next((p for p in path.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        return f"{existing} is not a directory"
+    if isinstance(error, sqlite3.DatabaseError) and "not a database" in str(error):
+        return "the file is not an SQLite database; name another file"
+    reason = error.strerror if isinstance(error, OSError) else str(error)
+    return f"it cannot be written ({reason}); choose another path"
+
+
+def _psycopg(user: str) -> tuple[Any, Any]:
+    """The modules `psycopg` and `psycopg_pool`, or an error naming the extra."""
+    try:
+        import psycopg  # noqa: PLC0415 - the postgres extra
+        import psycopg_pool  # noqa: PLC0415
+    except ImportError as error:
+        msg = (
+            f"{user} needs psycopg: install the `postgres` extra "
+            "(`pip install 'langchain-tag[postgres]'`)."
+        )
+        raise ImportError(msg) from error
+    return psycopg, psycopg_pool
+
+
+class PostgresConnections:
+    """A bounded pool of connections to one PostgreSQL database, shared by threads.
+
+    What the package's PostgreSQL stores share (psycopg 3 and its `ConnectionPool`,
+    the `postgres` extra). A pool rather than a connection per thread: the judge runs
+    each input's judgments in worker threads of their own, so connections kept per
+    thread would be opened anew for every input, up to 64 at once per process,
+    against PostgreSQL's default limit of 100 for all machines together.
+
+    Sessions are autocommit. The pool opens at first use, after one direct
+    connection: a wrong address or password fails there at once with the server's
+    message, where the pool would only retry in the background until its timeout.
+
+    Args:
+        conninfo: A libpq connection string or `postgresql://` URI.
+        max_size: At most this many connections.
+        timeout: Seconds a caller waits for a free connection.
+        read_only: The server refuses any write in the sessions, and `run` refuses
+            `writes` first.
+        user: Who needs psycopg, for the error when it is not installed.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        max_size: int = 8,
+        timeout: float = 30.0,
+        read_only: bool = False,
+        user: str = "PostgresConnections",
+    ) -> None:
+        """Remember where the database is; the pool opens on first use."""
+        self._psycopg, self._psycopg_pool = _psycopg(user)
+        if max_size < 1:
+            msg = f"max_size must be at least 1, got {max_size}"
+            raise ValueError(msg)
+        self.conninfo = conninfo
+        self.max_size = max_size
+        self.timeout = timeout
+        self.read_only = read_only
+        self._lock = threading.Lock()
+        self._pool: ConnectionPool[Connection[Any]] | None = None
+
+    @property
+    def location(self) -> str:
+        """The connection string, without a password."""
+        return without_password(self.conninfo)
+
+    def run(self, work: Callable[[Connection[Any]], _T], *, writes: bool = False) -> _T:
+        """`work(connection)` on a connection of the pool.
+
+        A connection the server dropped while it waited in the pool (a restart, an
+        idle timeout) fails at its first statement: then the pool drops its dead
+        connections and `work` runs once more. So `work` must be safe to repeat.
+
+        Raises:
+            PermissionError: `writes`, and the connections are `read_only`.
+            StoreLocationError: The first connection failed.
+        """
+        if writes and self.read_only:
+            msg = f"The database {self.location} was opened read-only."
+            raise PermissionError(msg)
+        pool = self._opened()
+        with pool.connection() as conn:
+            try:
+                return work(conn)
+            except self._psycopg.OperationalError:
+                if not conn.broken:
+                    raise
+        pool.check()
+        with pool.connection() as conn:
+            return work(conn)
+
+    def _opened(self) -> ConnectionPool[Connection[Any]]:
+        with self._lock:
+            if self._pool is None:
+                try:
+                    self._psycopg.connect(self.conninfo).close()
+                except self._psycopg.Error as error:
+                    msg = f"Cannot connect to PostgreSQL at {self.location}: {error}"
+                    raise StoreLocationError(msg) from error
+                self._pool = self._psycopg_pool.ConnectionPool(
+                    self.conninfo,
+                    min_size=1,
+                    max_size=self.max_size,
+                    timeout=self.timeout,
+                    kwargs={"autocommit": True},
+                    configure=self._read_only if self.read_only else None,
+                    open=True,
+                )
+            return self._pool
+
+    @staticmethod
+    def _read_only(conn: Connection[Any]) -> None:
+        conn.execute("SET default_transaction_read_only = on")
+
+    def close(self) -> None:
+        """Close every connection; the next use opens the pool anew."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+
+# Keys compare byte by byte (COLLATE "C"): a prefix is then a range of the primary
+# key's index, which `LIKE 'prefix%'` and the pages of `yield_keys` read.
+_CREATE = (
+    'CREATE TABLE IF NOT EXISTS {table} (key TEXT COLLATE "C" PRIMARY KEY, '
+    "verdict TEXT NOT NULL, "
+    "created DOUBLE PRECISION NOT NULL DEFAULT extract(epoch FROM now()))"
+)
+# Concurrent CREATE TABLE IF NOT EXISTS can collide in the catalogue: the first
+# session creates the table while the others wait on this lock.
+_CREATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext(%s))"
+_EXISTS = "SELECT to_regclass(%s) IS NOT NULL"
+_GET = "SELECT key, verdict FROM {table} WHERE key = ANY(%s::text[])"
+# In key order, so that writers of overlapping keys lock their rows in the same
+# order and never deadlock.
+_UPSERT = (
+    "INSERT INTO {table} (key, verdict) "
+    "SELECT key, verdict FROM unnest(%s::text[], %s::text[]) AS pair (key, verdict) "
+    "ORDER BY key "
+    "ON CONFLICT (key) DO UPDATE SET verdict = EXCLUDED.verdict, "
+    "created = EXCLUDED.created"
+)
+_DELETE = "DELETE FROM {table} WHERE key = ANY(%s::text[])"
+# One page of keys after the last one read (`>=` the prefix on the first page).
+_KEYS = (
+    "SELECT key FROM {table} WHERE key LIKE %s ESCAPE '\\' AND key {after} %s "
+    "ORDER BY key LIMIT %s"
+)
+_KEYS_PAGE = 1000
+_COUNT = "SELECT count(*) FROM {table}"
+_CLEAR = "DELETE FROM {table}"
+
+
+def _like_prefix(prefix: str) -> str:
+    """The LIKE pattern of the strings that start with `prefix`."""
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "%"
+
+
+class PostgresVerdictCache(BaseStore[str, str]):
+    """A store in one PostgreSQL table, shared by every machine that reaches it.
+
+    Machines splitting one job (`tag run --shard I/N`) share their verdicts through
+    it: a pair one of them judged is not paid for again by another. Needs psycopg 3
+    (the `postgres` extra); threads share a bounded pool of connections
+    (`PostgresConnections`). Each method is one statement, in one round trip.
+
+    Writes are upserts (`INSERT ... ON CONFLICT DO UPDATE`) in key order, so writers
+    of the same keys, on any machine, neither fail nor deadlock: the last one wins.
+    Keys compare byte by byte (`COLLATE "C"`), so `yield_keys(prefix=)` reads a
+    range of the primary key's index. PostgreSQL's text refuses NUL characters, in
+    keys and values.
+
+    The async methods are `BaseStore`'s (the sync ones in a worker thread): an async
+    pool is bound to one event loop, while a cache serves sync and async callers on
+    any loop, and the hop to a thread is small beside the round trip to the server.
+    LangGraph's `PostgresStore` is not used: it keeps JSON documents under namespaces
+    in one fixed table, and cannot list keys by prefix.
+
+    Args:
+        conninfo: A libpq connection string or `postgresql://` URI.
+        table: The table, created if missing (an unquoted name, so PostgreSQL folds
+            it to lower case).
+        max_size: At most this many connections to the server.
+        timeout: Seconds a caller waits for a free connection.
+        read_only: Only read: the table must exist, nothing is created, the sessions
+            are read-only, and `mset`, `mdelete` and `clear` raise `PermissionError`.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        table: str = "tag_verdicts",
+        max_size: int = 8,
+        timeout: float = 30.0,
+        read_only: bool = False,
+    ) -> None:
+        """Connect, and create the table if needed.
+
+        Raises:
+            StoreLocationError: The server cannot be reached, or `read_only` and
+                the table is not there.
+        """
+        self.table = _checked_table(table)
+        self.read_only = read_only
+        self._connections = PostgresConnections(
+            conninfo,
+            max_size=max_size,
+            timeout=timeout,
+            read_only=read_only,
+            user="PostgresVerdictCache",
+        )
+        if read_only:
+            if not self._connections.run(self._exists):
+                msg = f"No table {table} at {self.location}: nothing was created."
+                raise StoreLocationError(msg)
+        else:
+            self._connections.run(self._create, writes=True)
+
+    @property
+    def location(self) -> str:
+        """The connection string, without a password."""
+        return self._connections.location
+
+    def _sql(self, template: str, **parts: str) -> str:
+        return template.format(table=self.table, **parts)
+
+    def _exists(self, conn: Connection[Any]) -> bool:
+        row = conn.execute(_EXISTS, (self.table,)).fetchone()
+        return bool(row and row[0])
+
+    def _create(self, conn: Connection[Any]) -> None:
+        with conn.transaction():
+            conn.execute(_CREATE_LOCK, (self.table,))
+            conn.execute(self._sql(_CREATE))
+
+    def _query(self, sql: str, parameters: Sequence[Any] = ()) -> list[Any]:
+        return self._connections.run(
+            lambda conn: conn.execute(sql, parameters).fetchall()
+        )
+
+    def _write(self, sql: str, parameters: Sequence[Any] = ()) -> None:
+        self._connections.run(lambda conn: conn.execute(sql, parameters), writes=True)
+
+    def mget(self, keys: Sequence[str]) -> list[str | None]:
+        """The values of `keys`, None where missing."""
+        if not keys:
+            return []
+        found = dict(self._query(self._sql(_GET), (list(keys),)))
+        return [found.get(key) for key in keys]
+
+    def mset(self, key_value_pairs: Sequence[tuple[str, str]]) -> None:
+        """Store the pairs, in one statement (the last value of a repeated key).
+
+        Raises:
+            PermissionError: The cache was opened `read_only`.
+        """
+        if not key_value_pairs:
+            return
+        # One statement cannot update a row twice.
+        pairs = dict(key_value_pairs)
+        self._write(self._sql(_UPSERT), (list(pairs), list(pairs.values())))
+
+    def mdelete(self, keys: Sequence[str]) -> None:
+        """Forget `keys`.
+
+        Raises:
+            PermissionError: The cache was opened `read_only`.
+        """
+        if keys:
+            self._write(self._sql(_DELETE), (list(keys),))
+
+    def yield_keys(self, *, prefix: str | None = None) -> Iterator[str]:
+        """The stored keys (those starting with `prefix`), in byte order.
+
+        Read a page at a time, each in its own statement: no connection is held
+        while the caller iterates.
+        """
+        pattern = _like_prefix(prefix or "")
+        after, compare = prefix or "", ">="
+        while True:
+            page = self._query(
+                self._sql(_KEYS, after=compare), (pattern, after, _KEYS_PAGE)
+            )
+            yield from (key for (key,) in page)
+            if len(page) < _KEYS_PAGE:
+                return
+            after, compare = page[-1][0], ">"
+
+    def clear(self) -> None:
+        """Forget every stored value.
+
+        Raises:
+            PermissionError: The cache was opened `read_only`.
+        """
+        self._write(self._sql(_CLEAR))
+
+    def __len__(self) -> int:
+        """Number of stored values."""
+        return int(self._query(self._sql(_COUNT))[0][0])
+
+    def close(self) -> None:
+        """Close the connections; the next use opens them anew."""
+        self._connections.close()
+
+
+def open_verdict_cache(
+    location: str | Path | None = None, **kwargs: Any
+) -> InMemoryVerdictCache | SQLiteVerdictCache | PostgresVerdictCache:
+    """The cache at `location`.
+
+    Args:
+        location: A `postgresql://` URI (`PostgresVerdictCache`, for several
+            machines), `:memory:` or None (`InMemoryVerdictCache`, this process
+            only), else the path of an SQLite file (`SQLiteVerdictCache`).
+        **kwargs: The chosen cache's options (`table`, `timeout`, `maxsize`, ...).
+
+    Raises:
+        StoreLocationError: The path cannot hold a cache, or the server cannot be
+            reached.
+    """
+    text = None if location is None else str(location)
+    if text is None or text == ":memory:":
+        return InMemoryVerdictCache(**kwargs)
+    if text.startswith(_POSTGRES_SCHEMES):
+        return PostgresVerdictCache(text, **kwargs)
+    return SQLiteVerdictCache(text, **kwargs)

@@ -24,7 +24,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
@@ -38,6 +38,10 @@ from langchain_tag.matching import BaseJudge, Verdict
 from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.matching.verdicts import warn_failures
 from langchain_tag.rules import Rule
+from langchain_tag.usage import TokenUsage, UsageCounter
+
+if TYPE_CHECKING:
+    from langchain_tag.batch import BatchProgress, BatchReport, BatchSettings
 
 __all__ = [
     "MATCH_EVENT",
@@ -215,8 +219,16 @@ class MatchResult(BaseModel):
     )
     recall_estimate: RecallEstimate | None = Field(
         default=None,
-        description="The learned prefilter's recall of YES verdicts so far, "
-        "estimated from the shadow judgments, with its interval.",
+        description="The learned prefilter's recall of YES verdicts so far, as "
+        "the shadow judgments measured it, with its interval: an estimate. What is "
+        "promised (`promised`, the prefilter's `target_recall`, kept over the "
+        "stream by retraining) and under which conditions is in `RecallEstimate`.",
+    )
+    usage: TokenUsage | None = Field(
+        default=None,
+        description="The judgments' model calls and tokens, cached input tokens "
+        "included (verdicts from a cache cost none; tokens unknown when the model "
+        "reports no usage); None when not counted.",
     )
 
     def summary(self) -> dict[str, Any]:
@@ -243,6 +255,7 @@ class MatchResult(BaseModel):
                 if self.recall_estimate is None
                 else self.recall_estimate.model_dump()
             ),
+            "usage": None if self.usage is None else self.usage.model_dump(),
         }
 
 
@@ -334,12 +347,14 @@ class MatchEngine:
         self.prefilter = prefilter
         self.limiter = ConcurrencyLimiter(max_concurrency)
         learned = callable(getattr(prefilter, "partition", None))
+        log = getattr(judge, "verdict_log", None)
+        # The skipped pairs go to the judge's log: retraining keeps the recall
+        # promise with them.
         self.shadow = (
-            ShadowJudging(prefilter, explore=explore)  # type: ignore[arg-type]
+            ShadowJudging(prefilter, explore=explore, log=log)  # type: ignore[arg-type]
             if learned
             else None
         )
-        log = getattr(judge, "verdict_log", None)
         if retrain_every is not None and (
             not learned or not callable(getattr(prefilter, "fit", None)) or log is None
         ):
@@ -368,17 +383,29 @@ class MatchEngine:
         rules: Sequence[Rule],
         options: MatchOptions | None = None,
         config: RunnableConfig | None = None,
+        *,
+        record: bool = True,
     ) -> MatchPlan:
         """Check the input, then filter and prefilter: the rules to judge.
 
         An empty or blank input is judged against no rule (it costs nothing): its
         result is empty, with the reason "the input is empty or blank".
+
+        Args:
+            query: The input.
+            rules: The rules.
+            options: `k`, `score_threshold` and `filter`.
+            config: Callbacks and settings for the prefilter's run.
+            record: With a learned prefilter and a verdict log, record the pairs it
+                skipped (the retraining reads them); False for a plan that only
+                looks ahead (`prejudge`, an estimate), since the retrieval records
+                its own.
         """
         plan = self._filtered(query, rules, options)
         if not plan.candidates or self.prefilter is None:
             return plan
         if self.shadow is not None:  # a learned prefilter partitions
-            return self._explored(plan, self.shadow)
+            return self._explored(plan, self.shadow, record=record)
         shortlist = self.prefilter.invoke(plan.query, config)
         return self._shortlisted(plan, shortlist)
 
@@ -437,10 +464,16 @@ class MatchEngine:
             warn=False,  # once per retrieval, in `result`
         )
 
-    def result(self, plan: MatchPlan, verdicts: Sequence[Verdict]) -> MatchResult:
+    def result(
+        self,
+        plan: MatchPlan,
+        verdicts: Sequence[Verdict],
+        usage: TokenUsage | None = None,
+    ) -> MatchResult:
         """Select (k, threshold), explain an empty result, count shadow judgments.
 
-        The faces call `retrain_if_due` after it (`match` and `amatch` do).
+        `usage` is what the judgments cost (`MatchResult.usage`). The faces call
+        `retrain_if_due` after it (`match` and `amatch` do).
         """
         order = [rule.rule_id for rule in plan.candidates]
         by_rule = {v.rule_id: v for v in verdicts}
@@ -474,6 +507,7 @@ class MatchEngine:
             elapsed_seconds=max(0.0, time.time() - plan.started),
             explored_rule_ids=list(plan.explored),
             recall_estimate=recall,
+            usage=usage,
         )
 
     def match(
@@ -483,9 +517,11 @@ class MatchEngine:
         options: MatchOptions | None = None,
         config: RunnableConfig | None = None,
     ) -> MatchResult:
-        """Every step: plan, judge, result."""
+        """Every step: plan, judge, result; the judgments' usage is counted."""
         plan = self.plan(query, rules, options, config)
-        result = self.result(plan, self.judge_rules(plan, config))
+        counter = UsageCounter()
+        verdicts = self.judge_rules(plan, counter.watch(config))
+        result = self.result(plan, verdicts, counter.usage)
         self.retrain_if_due(rules)
         return result
 
@@ -498,7 +534,9 @@ class MatchEngine:
     ) -> MatchResult:
         """Async `match`."""
         plan = await self.aplan(query, rules, options, config)
-        result = self.result(plan, await self.ajudge_rules(plan, config))
+        counter = UsageCounter()
+        verdicts = await self.ajudge_rules(plan, counter.watch(config))
+        result = self.result(plan, verdicts, counter.usage)
         if self.retrainer is not None:  # reads the log: off the event loop
             await asyncio.to_thread(self.retrain_if_due, rules)
         return result
@@ -511,6 +549,77 @@ class MatchEngine:
         """
         if self.retrainer is not None:
             self.retrainer.poll(rules)
+
+    def prejudge(
+        self,
+        inputs: Iterable[object],
+        rules: Sequence[Rule],
+        options: MatchOptions | None = None,
+        *,
+        via: Literal["batch", "online"] = "batch",
+        config: RunnableConfig | None = None,
+        settings: BatchSettings | None = None,
+        progress: Callable[[BatchProgress], None] | None = None,
+    ) -> BatchReport:
+        """Judge now, into the judge's cache and log, what `match` would judge.
+
+        Each input is planned as `match` plans it (filter, prefilter, the learned
+        prefilter's partition and its shadow draws), so a later `match` of these
+        inputs finds every verdict cached and makes no judgment call. For a job
+        over a corpus: `via="batch"` sends the pairs through the OpenAI Batch API
+        (`langchain_tag.batch.judge_in_batch`: about half the price, results
+        within 24 hours, resumable by calling again); `via="online"` judges them
+        now, each input's fan-out under the engine's concurrency bound.
+
+        Nothing is selected or counted here (no `MatchResult`, no shadow counts):
+        `match` does that when it reads the verdicts back.
+
+        Args:
+            inputs: The texts to judge.
+            rules: The rules, as `match` takes them.
+            options: The `filter` (and `k`, `score_threshold`, unused here).
+            via: "batch" or "online".
+            config: Callbacks, tags and metadata for the calls.
+            settings: The batch lane's file limits, polling and `max_wait`.
+            progress: Called with each poll of each batch.
+
+        Returns:
+            How each pair was answered: from the cache, a batch, or online.
+
+        Raises:
+            BatchLaneError: `via="batch"` with a judge the Batch API cannot run
+                (not an `ApplicabilityJudge` on `ChatOpenAI`, or several rules per
+                call).
+            JudgmentError: An online judgment failed under `on_error="raise"`.
+        """
+        from langchain_tag import batch  # noqa: PLC0415 - loads the openai SDK
+
+        if via not in ("batch", "online"):
+            msg = f"via must be 'batch' or 'online', got {via!r}."
+            raise ValueError(msg)
+        plans = [
+            self.plan(text, rules, options, config, record=False) for text in inputs
+        ]
+        if via == "batch":
+            return batch.judge_in_batch(
+                self.judge,
+                [(plan.query, rule) for plan in plans for rule in plan.candidates],
+                explored={
+                    (plan.query, rule_id): rate
+                    for plan in plans
+                    for rule_id, rate in plan.explored.items()
+                },
+                settings=settings,
+                progress=progress,
+                config=config,
+            )
+        report = batch.BatchReport(requests=sum(len(p.candidates) for p in plans))
+        for plan in plans:
+            verdicts = self.judge_rules(plan, config)
+            report.cached += sum(v.cached for v in verdicts)
+            report.online += sum(not v.cached for v in verdicts)
+            report.failed += sum(v.failed for v in verdicts)
+        return report
 
     # -- the parts --------------------------------------------------------------------
 
@@ -536,9 +645,11 @@ class MatchEngine:
         )
 
     @staticmethod
-    def _explored(plan: MatchPlan, shadow: ShadowJudging) -> MatchPlan:
+    def _explored(
+        plan: MatchPlan, shadow: ShadowJudging, *, record: bool = True
+    ) -> MatchPlan:
         """The learned prefilter's partition, skipped rules drawn to explore."""
-        judged, explored = shadow.partition(plan.query, plan.candidates)
+        judged, explored = shadow.partition(plan.query, plan.candidates, record=record)
         return plan.model_copy(update={"candidates": judged, "explored": explored})
 
     def _shortlisted(self, plan: MatchPlan, shortlist: Sequence[Document]) -> MatchPlan:

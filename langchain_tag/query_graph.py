@@ -20,6 +20,7 @@ import functools
 import json
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar, cast
@@ -77,6 +78,7 @@ from langchain_tag.matching import (
 from langchain_tag.matching.judge import VerdictSink
 from langchain_tag.models import CallRetry, default_chat_model, with_settings
 from langchain_tag.rules import Rule, Rulebook
+from langchain_tag.usage import TokenUsage, UsageCounter
 
 __all__ = [
     "STATE_TYPES",
@@ -214,7 +216,7 @@ class QueryContext:
             return self.judge.with_call_retry(retry)
         return ApplicabilityJudge(
             llm=self.judge_model or _environment_model(),
-            profile=_named(self.profile, PROFILES, "profile"),
+            profile=named(self.profile, PROFILES, "profile"),
             logprobs=self.logprobs,
             rationale=self.rationale,
             retry=retry,
@@ -261,11 +263,31 @@ class QueryOutput(TypedDict):
     answer: Any
     matches: list[Match]
     cost: dict[str, Any]
+    """Counts of the run (rules, candidates, judgments, ...), its seconds, and what
+    its model calls used: `judge_usage` and `executor_usage`, each a `TokenUsage`
+    as JSON (calls, input tokens, cached input tokens, output tokens; tokens None
+    when the model reports no usage; judgments replayed from the node cache cost
+    nothing). Price them with `TokenPrices.cost`."""
     result: MatchResult
     """The engine's whole result, as `TAGRetriever.match` returns it."""
 
 
 def _verdicts(left: list[Verdict], right: list[Verdict]) -> list[Verdict]:
+    return left + right
+
+
+class JudgingUsage(TypedDict):
+    """What the model calls of one `match_rule` task cost, marked with its run."""
+
+    run: str
+    """The run that made the calls: a task replayed from the node cache carries
+    an earlier run's, and cost nothing in this one."""
+    usage: TokenUsage
+
+
+def _judging_usage(
+    left: list[JudgingUsage], right: list[JudgingUsage]
+) -> list[JudgingUsage]:
     return left + right
 
 
@@ -278,6 +300,9 @@ class QueryState(TypedDict, total=False):
     rules: list[Rule] | None
     plan: MatchPlan | None
     verdicts: Annotated[list[Verdict], _verdicts]
+    run: str
+    """This run's id, which marks the usage its judgments report."""
+    judging_usage: Annotated[list[JudgingUsage], _judging_usage]
     started: float
     review_requested: bool
     answer: Any
@@ -291,6 +316,7 @@ STATE_TYPES = (
     ("langchain_tag.matching.verdicts", "Verdict"),
     ("langchain_tag.engine", "MatchPlan"),
     ("langchain_tag.engine", "MatchResult"),
+    ("langchain_tag.usage", "TokenUsage"),
 )
 """The classes the graph keeps in its state, as LangGraph's serializer names them."""
 
@@ -335,7 +361,7 @@ _DEFAULT_RETRY = CallRetry()
 _NamedT = TypeVar("_NamedT")
 
 
-def _named(value: str | _NamedT, table: Mapping[str, _NamedT], kind: str) -> _NamedT:
+def named(value: str | _NamedT, table: Mapping[str, _NamedT], kind: str) -> _NamedT:
     """`value` itself, or the entry of `table` it names."""
     if not isinstance(value, str):
         return value
@@ -355,7 +381,7 @@ def _executor(context: QueryContext) -> ActionOnlyExecutor:
     # The node's retry policy is the one layer: the client's own would multiply it.
     llm, _ = with_settings(llm, max_retries=0)
     return ActionOnlyExecutor(
-        llm=llm, template=_named(context.template, TEMPLATES, "template")
+        llm=llm, template=named(context.template, TEMPLATES, "template")
     )
 
 
@@ -378,10 +404,12 @@ def load_rulebook(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
     _check_query(state)
     context = _context()
     # Unknown profile or template names fail before any model call.
-    _named(context.profile, PROFILES, "profile")
-    _named(context.template, TEMPLATES, "template")
+    named(context.profile, PROFILES, "profile")
+    named(context.template, TEMPLATES, "template")
     update: dict[str, Any] = {
         "verdicts": Overwrite([]),
+        "run": uuid.uuid4().hex,
+        "judging_usage": Overwrite([]),
         "plan": None,
         "started": time.time(),
         # Decided by the run that starts, not by the one that resumes: a resume
@@ -659,6 +687,8 @@ class MatchRequest(TypedDict):
     plan: MatchPlan
     rules: list[Rule]
     cache_key: str
+    run: str
+    """The run's id, to mark the usage of the task's calls."""
 
 
 def _request(request: MatchRequest) -> tuple[MatchPlan, list[Rule]]:
@@ -685,6 +715,7 @@ def to_matches(
                 "cache_key": "+".join(
                     engine.judge.cache_key(planned.query, rule) for rule in unit
                 ),
+                "run": state.get("run", ""),
             },
         )
         for unit in engine.call_units(planned)
@@ -705,8 +736,9 @@ def match_rule(
     """
     engine = _context(default).engine(retry)
     planned, rules = _request(request)
-    verdicts = engine.judge_rules(planned, config, rules)
-    return {"verdicts": verdicts}
+    counter = UsageCounter()
+    verdicts = engine.judge_rules(planned, counter.watch(config), rules)
+    return {"verdicts": verdicts, "judging_usage": [_marked(request, counter)]}
 
 
 async def amatch_rule(
@@ -718,8 +750,26 @@ async def amatch_rule(
     """Async `match_rule`."""
     engine = _context(default).engine(retry)
     planned, rules = _request(request)
-    verdicts = await engine.ajudge_rules(planned, config, rules)
-    return {"verdicts": verdicts}
+    counter = UsageCounter()
+    verdicts = await engine.ajudge_rules(planned, counter.watch(config), rules)
+    return {"verdicts": verdicts, "judging_usage": [_marked(request, counter)]}
+
+
+def _marked(request: MatchRequest, counter: UsageCounter) -> JudgingUsage:
+    return {"run": request.get("run", ""), "usage": counter.usage}
+
+
+def _judged_usage(state: QueryState) -> TokenUsage:
+    """What this run's judgments cost; those replayed from the node cache, none."""
+    run = state.get("run", "")
+    return sum(
+        (
+            TokenUsage.model_validate(task["usage"])
+            for task in state.get("judging_usage", [])
+            if task["run"] == run
+        ),
+        TokenUsage(),
+    )
 
 
 def execute(
@@ -730,14 +780,15 @@ def execute(
     planned = _plan(state)
     verdicts = [Verdict.model_validate(v) for v in state.get("verdicts", [])]
     engine = context.engine(retry)
-    result = engine.result(planned, verdicts)
+    result = engine.result(planned, verdicts, _judged_usage(state))
     engine.retrain_if_due(_rules(state))
     summary = result.summary()
     dispatch_custom_event(MATCH_EVENT, summary, config=config)
     by_id = {rule.rule_id: rule for rule in planned.candidates}
     chosen = [by_id[str(doc.id)] for doc in result.documents]
+    execution = UsageCounter()
     answer = _executor(context).invoke(
-        {"input": _query(state), "rules": chosen}, config
+        {"input": _query(state), "rules": chosen}, execution.watch(config)
     )
     matches: list[Match] = [
         {
@@ -757,6 +808,8 @@ def execute(
         "failed": len(result.failed_rule_ids),
         "explored": len(result.explored_rule_ids),
         "executor_calls": 1,
+        "judge_usage": result.usage.model_dump() if result.usage else None,
+        "executor_usage": execution.usage.model_dump(),
         "seconds": round(time.time() - state.get("started", planned.started), 3),
     }
     # The inputs are consumed, so a later run on this thread starts from its own.

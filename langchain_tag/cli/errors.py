@@ -10,8 +10,12 @@ import math
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from langchain_tag.errors import TAGError
+
+if TYPE_CHECKING:
+    from langchain_tag.rules import Rulebook
 
 
 class CommandError(TAGError):
@@ -103,3 +107,16 @@ def check_writable(path: Path, *, example: str, not_done: str) -> None:
     if problem is not None:
         msg = f"-o {path}: {problem}. Nothing was {not_done}."
         raise CommandError(msg)
+
+
+def no_rules(path: str, rulebook: Rulebook) -> str:
+    """Why a rulebook without rules is refused: how it was made, what to do."""
+    sources = ", ".join(d.source or d.document_id for d in rulebook.documents)
+    made = (
+        f"`tag extract` wrote it from {sources} and kept no rule; its extraction "
+        "report (the file's diagnostics) says why. Re-run `tag extract` on the "
+        "documents that state your rules"
+        if sources
+        else f"Add rules to it, or extract them with `tag extract DOCUMENTS -o {path}`"
+    )
+    return f"{path}: the rulebook holds no rules, so there is nothing to match. {made}."

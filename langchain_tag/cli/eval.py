@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from langchain_tag.cli import _prices as prices
 from langchain_tag.cli._warnings import failed_judgments
 from langchain_tag.cli.errors import CommandError
 from langchain_tag.data import DATA_DIR_ENV, shared_data_dir
@@ -140,19 +141,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--estimate",
         action="store_true",
-        help="print the LLM calls and tokens each chosen method would use, and "
-        "dollars with --price-in/--price-out; calls no model",
+        help="print the LLM calls and tokens each chosen method would use (the "
+        "input tokens a provider's prompt cache would serve among them), and "
+        "dollars at list and batch prices with --price-in/--price-out; calls no "
+        "model",
     )
-    parser.add_argument(
-        "--price-in",
-        type=float,
-        help="--estimate: USD per million input tokens",
-    )
-    parser.add_argument(
-        "--price-out",
-        type=float,
-        help="--estimate: USD per million output tokens",
-    )
+    prices.add_arguments(parser)
     parser.add_argument(
         "--max-concurrency",
         type=int,
@@ -215,18 +209,7 @@ def _check_options(args: argparse.Namespace) -> None:
         if value is not None and value < 1:
             msg = f"--{option.replace('_', '-')} must be at least 1, got {value}."
             raise CommandError(msg)
-    prices = (args.price_in, args.price_out)
-    if prices != (None, None) and (
-        not args.estimate
-        or None in prices
-        or any(p is not None and p < 0 for p in prices)
-    ):
-        msg = (
-            "--price-in and --price-out go together, with --estimate: USD per "
-            f"million input and output tokens, each >= 0 (got {prices[0]} and "
-            f"{prices[1]}" + ("" if args.estimate else ", without --estimate") + ")."
-        )
-        raise CommandError(msg)
+    prices.check(args)
     if not args.no_embedding_cache and Path(args.embedding_cache).is_file():
         msg = (
             f"--embedding-cache {args.embedding_cache} is a file; it must be a "
@@ -479,6 +462,7 @@ def _estimate(
     from langchain_tag.evaluation import estimate  # noqa: PLC0415 - heavy
 
     embeddings = _embeddings(args)
+    token_prices, caching = prices.from_args(args)
     rows = [
         row
         for task in loaded
@@ -491,11 +475,11 @@ def _estimate(
             embeddings=embeddings,
             max_concurrency=args.max_concurrency,
             rules_sim_k=args.rules_sim_k,
-            price_in=args.price_in,
-            price_out=args.price_out,
+            prices=token_prices,
+            caching=caching,
         )
     ]
-    print(estimate.estimate_table(rows))  # noqa: T201
+    print(estimate.estimate_table(rows, prices=token_prices, caching=caching))  # noqa: T201
     if not args.offline:
         print(  # noqa: T201
             "Assumes a judge model and an executor model are configured (as a run "

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from langchain_tag._text import describe_error, read_text
+from langchain_tag.cli._status import StatusLine
 from langchain_tag.cli.errors import (
     CommandError,
     at_least,
@@ -113,26 +114,17 @@ class Progress:
 
     def __init__(self, stream: TextIO) -> None:
         """Report to `stream` (normally stderr)."""
-        self.stream = stream
-        self.tty = stream.isatty()
+        self.status = StatusLine(stream)
         self.started = time.perf_counter()
-        self.last = ""
 
     def __call__(self, node: str, done: int) -> None:
         """Record that `done` tasks of `node` have finished."""
         elapsed = time.perf_counter() - self.started
-        line = f"[{elapsed:6.1f}s] {node}: {done} done"
-        if self.tty:
-            self.stream.write(f"\r\033[K{line}")
-        elif node != self.last:
-            self.stream.write(line + "\n")
-        self.last = node
-        self.stream.flush()
+        self.status.show(f"[{elapsed:6.1f}s] {node}: {done} done", node)
 
     def close(self) -> None:
         """End the status line."""
-        if self.tty:
-            self.stream.write("\n")
+        self.status.close()
 
 
 def extract_command(args: argparse.Namespace) -> int:

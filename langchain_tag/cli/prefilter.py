@@ -1,8 +1,12 @@
 """`tag prefilter train RULEBOOK [LOG] -o MODEL`: learn which rules to skip.
 
-Trains a `LearnedPrefilter` on the verdicts the judge logged (see `tag verdicts`)
-and saves it; load it with `LearnedPrefilter.load(MODEL, rulebook)` and pass it as
-`TAGRetriever(prefilter=...)`. The model path is checked before anything is read,
+Trains a `LearnedPrefilter` on the verdicts the judge logged (see `tag verdicts`),
+and on the skip records a learned prefilter left there (the pairs it skipped and
+nobody judged count as fractional YES in the thresholds), and saves it; load it
+with `LearnedPrefilter.load(MODEL, rulebook)` and pass it as
+`TAGRetriever(prefilter=...)`. The thresholds aim at `--target-recall` itself: a
+one-off training has no stream to keep a promise over (a retriever's
+`retrain_every` does that). The model path is checked before anything is read,
 and the log is read only (see `tag verdicts`). Imports the learner only when the
 command runs.
 """
@@ -58,7 +62,7 @@ def prefilter_command(args: argparse.Namespace) -> int:
     rulebook = Rulebook.load(args.rulebook)
     with reading(args.log, args.table) as log:
         prefilter = LearnedPrefilter(rulebook, target_recall=args.target_recall)
-        report = prefilter.fit(log.examples(rulebook))
+        report = prefilter.fit(log.examples(rulebook, skipped=True))
     if not report.count("learned") + report.count("skipped"):
         msg = (
             f"no rule of {args.rulebook} has enough logged verdicts to learn from "
@@ -74,9 +78,14 @@ def prefilter_command(args: argparse.Namespace) -> int:
             "training is lost, run again with another -o."
         )
         raise CommandError(msg) from error
+    counted = (
+        f" (and {report.skipped:,} skipped pair(s) nobody judged)"
+        if report.skipped
+        else ""
+    )
     print(  # noqa: T201
-        f"trained on {report.examples:,} verdicts over {report.inputs:,} inputs in "
-        f"{report.seconds:.2f} s: {report.count('learned')} rules learned, "
+        f"trained on {report.examples:,} verdicts{counted} over {report.inputs:,} "
+        f"inputs in {report.seconds:.2f} s: {report.count('learned')} rules learned, "
         f"{report.count('skipped')} always skipped, "
         f"{len(rulebook) - report.count('learned') - report.count('skipped')} always "
         f"judged; expected {report.expected_judged:.1f} of {len(rulebook)} rules "

@@ -1,4 +1,7 @@
-"""`tag run RULEBOOK "input"`: match the input, then execute the matched actions."""
+"""`tag run RULEBOOK "input"`: match the input, then execute the matched actions.
+
+With `--inputs IN.jsonl -o OUT.jsonl` it runs a whole corpus instead (`cli.bulk`).
+"""
 
 from __future__ import annotations
 
@@ -10,12 +13,18 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from langchain_tag._text import STANDARD_INPUT, describe_error, read_text
-from langchain_tag.cli.errors import CommandError, at_least, model_failed, probability
+from langchain_tag.cli import bulk
+from langchain_tag.cli._models import model_from
+from langchain_tag.cli.errors import (
+    CommandError,
+    at_least,
+    model_failed,
+    no_rules,
+    probability,
+)
 
 if TYPE_CHECKING:
-    from langchain_core.callbacks import UsageMetadataCallbackHandler
-
-    from langchain_tag.rules import Rulebook
+    from langchain_tag.usage import TokenUsage
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -27,7 +36,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "call each, the actions withheld), then answer with only the matched actions.",
     )
     run.add_argument("rulebook", help="rulebook JSON written by `tag extract`")
-    run.add_argument("input", help='the input text, or "-" to read standard input')
+    run.add_argument(
+        "input",
+        nargs="?",
+        help='the input text, or "-" to read standard input (or --inputs FILE)',
+    )
     run.add_argument(
         "--model", help="model name for the default ChatOpenAI (else $TAG_MODEL)"
     )
@@ -60,22 +73,58 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "on with that rule flagged as unjudged and not applied",
     )
     run.add_argument("--max-concurrency", type=at_least(1), default=8)
+    run.add_argument(
+        "--service-tier",
+        choices=["auto", "default", "flex", "priority"],
+        help="OpenAI service tier (else $TAG_SERVICE_TIER); flex: batch prices, "
+        "slower, and 'resource unavailable' retried patiently",
+    )
+    bulk.add_arguments(run)
     run.set_defaults(handler=run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run `tag run`."""
-    from langchain_core.callbacks import UsageMetadataCallbackHandler  # noqa: PLC0415
-
-    from langchain_tag.models import default_chat_model  # noqa: PLC0415
+    """Run `tag run` (one input, or a corpus with --inputs)."""
+    if (args.input is None) == (args.inputs is None):
+        msg = (
+            "give one input (the text, or - for standard input) or --inputs FILE "
+            "(one JSON object a line), not both"
+            if args.input is not None
+            else "nothing to run: give the input text, - to read standard input, or "
+            "--inputs IN.jsonl -o OUT.jsonl for a corpus"
+        )
+        raise CommandError(msg)
+    if args.inputs is not None:
+        return bulk.bulk_command(args)
+    single_only = [
+        option
+        for option, given in (
+            ("-o", args.output),
+            ("--match-only", args.match_only),
+            ("--estimate", args.estimate),
+            ("--via batch", args.via == "batch"),
+            ("--shard", args.shard),
+            ("--cache", args.cache),
+            ("--verdict-log", args.verdict_log),
+            ("--learned-prefilter", args.learned_prefilter),
+            ("--retrain-every", args.retrain_every),
+            ("--max-wait", args.max_wait),
+        )
+        if given
+    ]
+    if single_only:
+        verb = "goes" if len(single_only) == 1 else "go"
+        msg = f"{', '.join(single_only)} {verb} with --inputs (a bulk run)."
+        raise CommandError(msg)
     from langchain_tag.query_graph import QueryContext, build_query_graph  # noqa: PLC0415
     from langchain_tag.rules import Rulebook  # noqa: PLC0415
+    from langchain_tag.usage import UsageCounter  # noqa: PLC0415
 
     rulebook = Rulebook.load(args.rulebook)
     if not rulebook.rules:
-        raise CommandError(_no_rules(args.rulebook, rulebook))
+        raise CommandError(no_rules(args.rulebook, rulebook))
     text = _read_input(args.input)
-    llm = default_chat_model(model=args.model) if args.model else default_chat_model()
+    llm = model_from(args)
     from langchain_tag.cli._warnings import failed_judgments  # noqa: PLC0415
     from langchain_tag.matching.verdicts import (  # noqa: PLC0415
         JudgmentError,
@@ -83,14 +132,14 @@ def run_command(args: argparse.Namespace) -> int:
         failure_kind,
     )
 
-    usage = UsageMetadataCallbackHandler()
+    counter = UsageCounter()
     started = time.perf_counter()
     try:
         # Judgments failed under --on-error not_applicable: one line, at the end.
         with failed_judgments("run", "--on-error not_applicable"):
             output = build_query_graph().invoke(
                 {"query": text, "rulebook": rulebook.model_dump(mode="json")},
-                {"callbacks": [usage], "max_concurrency": args.max_concurrency},
+                counter.watch({"max_concurrency": args.max_concurrency}),
                 context=QueryContext(
                     judge_model=llm,
                     k=args.k,
@@ -123,7 +172,7 @@ def run_command(args: argparse.Namespace) -> int:
         )
         raise CommandError(msg) from error
     seconds = time.perf_counter() - started
-    print(_format_run(output, len(rulebook), usage, seconds))  # noqa: T201
+    print(_format_run(output, len(rulebook), counter.usage, seconds))  # noqa: T201
     return 0
 
 
@@ -151,23 +200,10 @@ def _read_input(given: str) -> str:
     return text
 
 
-def _no_rules(path: str, rulebook: Rulebook) -> str:
-    """Why a rulebook without rules is refused: how it was made, what to do."""
-    sources = ", ".join(d.source or d.document_id for d in rulebook.documents)
-    made = (
-        f"`tag extract` wrote it from {sources} and kept no rule; its extraction "
-        "report (the file's diagnostics) says why. Re-run `tag extract` on the "
-        "documents that state your rules"
-        if sources
-        else f"Add rules to it, or extract them with `tag extract DOCUMENTS -o {path}`"
-    )
-    return f"{path}: the rulebook holds no rules, so there is nothing to match. {made}."
-
-
 def _format_run(
     output: Mapping[str, Any],
     n_rules: int,
-    usage: UsageMetadataCallbackHandler,
+    usage: TokenUsage,
     seconds: float,
 ) -> str:
     matches = output["matches"]
@@ -179,8 +215,6 @@ def _format_run(
     ] or ["  (none)"]
     answer = output["answer"]
     rendered = answer if isinstance(answer, str) else json.dumps(answer, indent=2)
-    tokens_in = sum(u.get("input_tokens", 0) for u in usage.usage_metadata.values())
-    tokens_out = sum(u.get("output_tokens", 0) for u in usage.usage_metadata.values())
     cost = output["cost"]
     if cost.get("failed"):
         lines.append(
@@ -194,7 +228,7 @@ def _format_run(
         "",
         (
             f"LLM calls: {cost['judgments']} judgments + {cost['executor_calls']} "
-            f"execution; tokens: {tokens_in} in, {tokens_out} out; {seconds:.2f} s"
+            f"execution; tokens: {usage.describe()}; {seconds:.2f} s"
         ),
     ]
     return "\n".join(lines)

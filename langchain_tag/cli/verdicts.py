@@ -236,6 +236,7 @@ def _format_stats(location: str, stats: VerdictLogStats, *, rules: bool) -> str:
         f"  YES        {stats.applies:,}{share}",
         f"  failed     {stats.failed:,}",
         f"  shadow     {stats.shadow:,} (judged while skipped, to measure recall)",
+        f"  skipped    {stats.skipped:,} (pairs the prefilter skipped: no verdict)",
         f"  oldest     {_when(stats.oldest)}",
         f"  newest     {_when(stats.newest)}",
         f"  by source  {_counts(stats.by_source)}",

@@ -1,8 +1,9 @@
 """What a `tag eval` run would spend, worked out without calling any model.
 
 `tag eval ... --estimate` prints, per method, the LLM calls (judge, executor and
-grader), the input and output tokens, and the dollars at given prices, before a
-single call is paid for. The figures come from the real code, not from a formula:
+grader), the input tokens (and how many of them a provider's prompt cache would
+serve), the output tokens, and the dollars at given prices, list and batch, before
+a single call is paid for. The figures come from the real code, not from a formula:
 
 - Every method is built as the run builds it (`Method.build`), its judge and
   executor models replaced by `NoCallChatModel`, a placeholder that refuses to
@@ -30,6 +31,16 @@ the input's gold rules among those judged (all of them without gold labels, an
 upper bound). The oracle is no model: its answers are counted as look-ups, as
 the harness counts them, not as calls; they cost no tokens and no dollars.
 
+Cached input tokens are an estimate under a model of the provider's prompt cache
+(`PromptCaching`, OpenAI's automatic caching by default): each request reads the
+longest prefix it shares with an earlier request to the same model, in 128-token
+steps once it reaches 1,024 tokens, except from the requests still in flight (as
+many as the run's `max_concurrency`), and entries last the run
+(`SimulatedPromptCache`). TAG's judge prompts put the instructions and the input
+before the rule, so the judgments of an input after the first wave share most of
+their prompt. Dollars are priced by `TokenPrices.cost`: cached input tokens at the
+cached-input price, and at batch prices (every price less the batch discount).
+
 Not counted: retries after errors, rules a batched answer left out (judged
 again alone), structured-output schemas a provider adds to the prompt, and
 calls that embedding models make.
@@ -40,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -59,7 +70,7 @@ from langchain_core.runnables import Runnable, RunnableBinding, RunnableSequence
 from pydantic import BaseModel, Field, model_validator
 
 from langchain_tag.baselines import ChunkApplicabilityRetriever
-from langchain_tag.engine import rule_document
+from langchain_tag.engine import MatchEngine, MatchOptions, rule_document
 from langchain_tag.errors import TAGError
 from langchain_tag.evaluation.methods import Method, MethodContext
 from langchain_tag.evaluation.oracle import OracleChatModel
@@ -70,19 +81,28 @@ from langchain_tag.matching import ApplicabilityJudge, BaseJudge, CascadeJudge
 from langchain_tag.matching.profiles import RuleSchemaProfile
 from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.rules import Rule
+from langchain_tag.usage import (
+    PromptCaching,
+    SimulatedPromptCache,
+    TokenPrices,
+    TokenUsage,
+)
 
 __all__ = [
     "APPROXIMATE_CHARS_PER_TOKEN",
+    "DEFAULT_CACHING",
     "EXECUTOR_ANSWERS",
     "GRADER_ANSWER",
     "JUDGE_NO_REASON",
     "MESSAGE_OVERHEAD",
     "OFFLINE_ENCODING",
     "REPLY_OVERHEAD",
+    "BulkEstimate",
     "EstimateModeError",
     "MethodEstimate",
     "NoCallChatModel",
     "TokenCounter",
+    "estimate_bulk",
     "estimate_methods",
     "estimate_table",
     "token_counter",
@@ -104,6 +124,10 @@ chat format counts them for GPT-4-class models."""
 
 REPLY_OVERHEAD = 3
 """Tokens every request adds to prime the reply (the same format)."""
+
+DEFAULT_CACHING = PromptCaching()
+"""The prompt cache estimated by default: OpenAI's automatic caching (prefixes of
+1,024 tokens and more, in 128-token steps)."""
 
 
 @dataclass(frozen=True)
@@ -313,9 +337,18 @@ class MethodEstimate(BaseModel):
     input_tokens: int = Field(
         default=0, description="Of the rendered prompts; oracle look-ups count none."
     )
+    cached_input_tokens: int = Field(
+        default=0,
+        description="Of `input_tokens`, those a provider would read from its prompt "
+        "cache: estimated by the `PromptCaching` model (see the module).",
+    )
     output_tokens: int = Field(default=0, description="Estimated (see the module).")
     dollars: float | None = Field(
-        default=None, description="At the prices given; None without prices."
+        default=None, description="At the list prices given; None without prices."
+    )
+    batch_dollars: float | None = Field(
+        default=None,
+        description="At the batch prices (the list prices less the batch discount).",
     )
     exact_judge_calls: bool = Field(
         default=True,
@@ -335,6 +368,16 @@ class MethodEstimate(BaseModel):
         self.calls = self.judge_calls + self.executor_calls + self.grader_calls
         return self
 
+    @property
+    def usage(self) -> TokenUsage:
+        """The estimate as `TokenUsage`, as `TokenPrices.cost` prices it."""
+        return TokenUsage(
+            calls=self.calls,
+            input_tokens=self.input_tokens,
+            cached_input_tokens=self.cached_input_tokens,
+            output_tokens=self.output_tokens,
+        )
+
 
 @dataclass
 class _Cost:
@@ -347,13 +390,56 @@ class _Cost:
     bounded_calls: int = 0
     """Of `calls`, those counted as an upper bound (the cascade's strong stage)."""
     input_tokens: int = 0
+    cached_input_tokens: int = 0
+    """Of `input_tokens`, those read from a provider's prompt cache."""
     output_tokens: int = 0
 
     def add(self, other: _Cost) -> None:
-        for name in ("calls", "lookups", "bounded_calls"):
+        for item in dataclasses.fields(self):
+            name = item.name
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.input_tokens += other.input_tokens
-        self.output_tokens += other.output_tokens
+
+
+_Role = Literal["judge", "cheap judge", "executor"]
+"""The model a call goes to: each has its own prompt cache at the provider."""
+
+
+class _Meter:
+    """Counts a method's requests: their tokens, and those a prompt cache serves.
+
+    One simulated provider cache per model (the cascade's cheap judge is another
+    model than its strong one); the grader is the judge model, as in the run.
+    """
+
+    def __init__(
+        self, counter: TokenCounter, caching: PromptCaching | None, in_flight: int
+    ) -> None:
+        self.counter = counter
+        self.caching = caching
+        self.in_flight = in_flight
+        self.caches: dict[_Role, SimulatedPromptCache] = {}
+
+    def request(
+        self, role: _Role, messages: Sequence[BaseMessage], answer: str
+    ) -> _Cost:
+        """One call sending `messages` and answered `answer`."""
+        input_tokens = self.counter.messages(messages)
+        cached = 0
+        if self.caching is not None:
+            cache = self.caches.get(role)
+            if cache is None:
+                cache = self.caches[role] = SimulatedPromptCache(
+                    self.caching, self.counter.count, in_flight=self.in_flight
+                )
+            # Messages in order, each led by its role: what a provider caches.
+            prompt = "".join(f"\x1e{m.type}\x1f{m.text}" for m in messages)
+            cached = min(cache.send(prompt), input_tokens)
+        return _Cost(
+            calls=1,
+            input_tokens=input_tokens,
+            cached_input_tokens=cached,
+            output_tokens=self.counter.count(answer),
+        )
 
 
 Known = Literal["exact", "gold", "all", "failed"]
@@ -381,9 +467,9 @@ class _Walker:
     inputs judged concurrently).
     """
 
-    def __init__(self, task: EvalTask, counter: TokenCounter) -> None:
+    def __init__(self, task: EvalTask, meter: _Meter) -> None:
         self.task = task
-        self.counter = counter
+        self.meter = meter
         self.gold = task.gold_rules()
         self.cached: dict[int, set[str]] = {}
         self.repeats = 0
@@ -409,29 +495,14 @@ class _Walker:
         *,
         bounded: bool = False,
     ) -> _Cost:
-        cost = _Cost()
-        oracle = isinstance(judge.llm, OracleChatModel)
-        # The judge's own split into calls (rules_per_call at a time).
-        for unit in judge.call_units(rules):
-            asked = [rule for rule in unit if self._first_time(judge, text, rule)]
-            if not asked:
-                continue
-            if oracle:  # a look-up in the gold labels: no call, no tokens
-                cost.lookups += 1
-                continue
-            cost.calls += 1
-            cost.bounded_calls += bounded
-            # One rule left to ask is judged alone, as `_judge_unit` does.
-            messages = (
-                judge.messages(text, asked[0])
-                if len(asked) == 1
-                else judge.batch_messages(text, asked)
-            )
-            cost.input_tokens += self.counter.messages(messages)
-            cost.output_tokens += self.counter.count(
-                _judge_no(judge.asked_profile, asked)
-            )
-        return cost
+        return _judge_cost(
+            self.meter,
+            judge,
+            text,
+            rules,
+            lambda rule: self._first_time(judge, text, rule),
+            bounded=bounded,
+        )
 
     def judge(self, judge: BaseJudge, text: str, rules: Sequence[Rule]) -> _Cost:
         """Calls and tokens of judging `rules` against `text`."""
@@ -517,12 +588,47 @@ class _Walker:
             raise _CannotEstimateError(msg)
         prompt = _first_prompt(compressor.llm_chain)
         documents = list(retriever.base_retriever.invoke(item.text))
-        cost = _Cost(calls=len(documents))
+        cost = _Cost()
         for document in documents:
             rendered = prompt.invoke(compressor.get_input(item.text, document))
-            cost.input_tokens += self.counter.messages(rendered.to_messages())
-            cost.output_tokens += self.counter.count("NO")
+            cost.add(self.meter.request("judge", rendered.to_messages(), "NO"))
         return _Retrieval(cost, documents, "all")
+
+
+def _judge_cost(
+    meter: _Meter,
+    judge: ApplicabilityJudge,
+    text: str,
+    rules: Sequence[Rule],
+    ask: Callable[[Rule], bool],
+    *,
+    bounded: bool = False,
+) -> _Cost:
+    """Calls and tokens of `judge` judging the `rules` of `text` that `ask` keeps.
+
+    Split into calls as the judge splits them (`call_units`: `rules_per_call` at
+    a time); a unit left with one rule to ask is judged alone, as `_judge_unit`
+    does. Each answer is a NO (`_judge_no`); the oracle's are look-ups.
+    """
+    cost = _Cost()
+    oracle = isinstance(judge.llm, OracleChatModel)
+    cheap = getattr(judge.llm, "role", "") == "cheap judge"
+    role: _Role = "cheap judge" if cheap else "judge"
+    for unit in judge.call_units(rules):
+        asked = [rule for rule in unit if ask(rule)]
+        if not asked:
+            continue
+        if oracle:  # a look-up in the gold labels: no call, no tokens
+            cost.lookups += 1
+            continue
+        cost.bounded_calls += bounded
+        messages = (
+            judge.messages(text, asked[0])
+            if len(asked) == 1
+            else judge.batch_messages(text, asked)
+        )
+        cost.add(meter.request(role, messages, _judge_no(judge.asked_profile, asked)))
+    return cost
 
 
 def _retrieve(
@@ -552,17 +658,6 @@ def _first_prompt(chain: Runnable[Any, Any]) -> BasePromptTemplate[Any]:
 # --- Estimating methods ---------------------------------------------------------------
 
 
-def _dollars(
-    input_tokens: int,
-    output_tokens: int,
-    price_in: float | None,
-    price_out: float | None,
-) -> float | None:
-    if price_in is None and price_out is None:
-        return None
-    return (input_tokens * (price_in or 0.0) + output_tokens * (price_out or 0.0)) / 1e6
-
-
 @dataclass
 class _Run:
     """What every method's estimate shares: the task, the models the run has."""
@@ -570,8 +665,8 @@ class _Run:
     context: MethodContext
     executor: ActionOnlyExecutor | None
     counter: TokenCounter
-    price_in: float | None
-    price_out: float | None
+    prices: TokenPrices | None
+    caching: PromptCaching | None
     tag_picks_unknown: bool = False
     """TAG was estimated, but what it picks is unknown (no gold labels)."""
 
@@ -596,7 +691,9 @@ class _Run:
         except Exception as error:  # noqa: BLE001 - the run skips it the same way
             reason = f"could not be built: {error}"
             return self.row(method, status="skipped", skip_reason=reason), []
-        walker = _Walker(self.task, self.counter)
+        # Calls in flight have not reached the provider's cache yet.
+        meter = _Meter(self.counter, self.caching, self.context.max_concurrency)
+        walker = _Walker(self.task, meter)
         failed: list[str] = []
         try:
             retrievals = [
@@ -608,11 +705,13 @@ class _Run:
         except EstimateModeError as error:
             reason = f"cannot be estimated without calling a model ({error})"
             return self.row(method, status="skipped", skip_reason=reason), []
-        return self._tally(method, retrievals, failed, walker.repeats), retrievals
+        tally = self._tally(method, meter, retrievals, failed, walker.repeats)
+        return tally, retrievals
 
     def _tally(
         self,
         method: Method,
+        meter: _Meter,
         retrievals: Sequence[_Retrieval],
         failed: Sequence[str],
         repeats: int,
@@ -621,50 +720,51 @@ class _Run:
         for item, found in zip(self.task.items, retrievals, strict=True):
             retrieval.add(found.cost)
             if self.executor is not None and found.known != "failed":
-                execution.add(self._execute(item, found.units))
-                grading.add(self._grade(item))
+                execution.add(self._execute(meter, item, found.units))
+                grading.add(self._grade(meter, item))
         notes = self._notes(method, retrievals, retrieval, failed, repeats)
         exact_judge = not (retrieval.bounded_calls or failed or repeats)
-        priced = [retrieval, execution, grading]
-        input_tokens = sum(c.input_tokens for c in priced)
-        output_tokens = sum(c.output_tokens for c in priced)
-        return self.row(
+        total = _Cost()
+        for cost in (retrieval, execution, grading):
+            total.add(cost)
+        row = self.row(
             method,
             n=len(retrievals),
             judge_calls=retrieval.calls,
             oracle_lookups=retrieval.lookups,
             executor_calls=execution.calls,
             grader_calls=grading.calls,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            dollars=_dollars(
-                input_tokens, output_tokens, self.price_in, self.price_out
-            ),
+            input_tokens=total.input_tokens,
+            cached_input_tokens=total.cached_input_tokens,
+            output_tokens=total.output_tokens,
             exact_judge_calls=exact_judge,
             # Graders may skip an answer (NPOV's pass-through guard): a bound.
             exact_calls=exact_judge and not grading.calls,
             notes=notes,
         )
+        if self.prices is not None:
+            row.dollars = self.prices.cost(row.usage)
+            row.batch_dollars = self.prices.cost(row.usage, batch=True)
+        return row
 
-    def _execute(self, item: EvalItem, units: Sequence[Document]) -> _Cost:
+    def _execute(
+        self, meter: _Meter, item: EvalItem, units: Sequence[Document]
+    ) -> _Cost:
         if self.executor is None:
             return _Cost()
         text = item.task_input or item.text
-        return _Cost(
-            calls=1,
-            input_tokens=self.counter.messages(self.executor.messages(text, units)),
-            output_tokens=self.counter.count(
-                _executor_answer(self.executor.template.name, text)
-            ),
+        return meter.request(
+            "executor",
+            self.executor.messages(text, units),
+            _executor_answer(self.executor.template.name, text),
         )
 
-    def _grade(self, item: EvalItem) -> _Cost:
-        prompts = self.task.grading_prompts(item)
-        return _Cost(
-            calls=len(prompts),
-            input_tokens=sum(self.counter.messages(p) for p in prompts),
-            output_tokens=len(prompts) * self.counter.count(GRADER_ANSWER),
-        )
+    def _grade(self, meter: _Meter, item: EvalItem) -> _Cost:
+        cost = _Cost()
+        for prompt in self.task.grading_prompts(item):
+            # The run's grading model is its judge model.
+            cost.add(meter.request("judge", prompt, GRADER_ANSWER))
+        return cost
 
     def _notes(
         self,
@@ -736,8 +836,8 @@ def estimate_methods(
     embeddings: Embeddings | None,
     max_concurrency: int = 8,
     rules_sim_k: int | None = None,
-    price_in: float | None = None,
-    price_out: float | None = None,
+    prices: TokenPrices | None = None,
+    caching: PromptCaching | None = DEFAULT_CACHING,
 ) -> list[MethodEstimate]:
     """What running `methods` on `task` would spend, calling no model.
 
@@ -753,23 +853,19 @@ def estimate_methods(
             none either way).
         embeddings: The run's embeddings (default the offline MiniLM): similarity
             methods and prefilters run for real.
-        max_concurrency: The run's `max_concurrency` (methods are built with it).
+        max_concurrency: The run's `max_concurrency` (methods are built with it;
+            as many calls are taken to be in flight at once, unable to read what
+            the others put in the provider's prompt cache).
         rules_sim_k: The run's `rules_sim_k`; None: TAG's mean picks, here the
             estimated ones (the gold rules judged) when `tag` is estimated first.
-        price_in: USD per million input tokens; with `price_out`, prices rows.
-        price_out: USD per million output tokens.
+        prices: The models' prices: each row's dollars at list and batch prices.
+        caching: What the provider's prompt cache serves (default OpenAI's);
+            None estimates no cached tokens.
 
     Returns:
         One row per method, skipped ones with the reason, as the run would skip
         them.
-
-    Raises:
-        ValueError: A price is negative.
     """
-    for price in (price_in, price_out):
-        if price is not None and price < 0:
-            msg = f"prices are USD per million tokens, not negative: {price}"
-            raise ValueError(msg)
     placeholder = NoCallChatModel(role="judge") if judge else None
     # The run's own context: the task's grading model is the judge model there.
     context = method_context(
@@ -786,8 +882,8 @@ def estimate_methods(
         if executor and task.template is not None
         else None,
         token_counter(),
-        price_in,
-        price_out,
+        prices,
+        caching,
     )
     estimates = []
     for method in methods:
@@ -809,6 +905,9 @@ def estimate_methods(
 
 # --- The table ------------------------------------------------------------------------
 
+_COLUMNS = 9
+"""Cells of a row between the method and the notes."""
+
 
 def _number(value: int, *, exact: bool = True) -> str:
     return f"{value:,}" if exact else f"≤ {value:,}"
@@ -828,7 +927,7 @@ def _cells(estimate: MethodEstimate, *, with_task: bool) -> list[str]:
         return [
             *first,
             estimate.method,
-            *("-" * 7),
+            *("-" * _COLUMNS),
             f"skipped: {estimate.skip_reason}",
         ]
     return [
@@ -839,14 +938,189 @@ def _cells(estimate: MethodEstimate, *, with_task: bool) -> list[str]:
         _number(estimate.executor_calls),
         _number(estimate.grader_calls, exact=not estimate.grader_calls),
         _number(estimate.input_tokens),
+        _number(estimate.cached_input_tokens),
         _number(estimate.output_tokens),
         _usd(estimate.dollars),
+        _usd(estimate.batch_dollars),
         "; ".join(estimate.notes),
     ]
 
 
-def estimate_table(estimates: Iterable[MethodEstimate]) -> str:
-    """The estimates as a Markdown table, with a totals line and a footnote."""
+def _sum_usd(values: Iterable[float | None]) -> float | None:
+    priced = [value for value in values if value is not None]
+    return sum(priced) if priced else None
+
+
+def _caching_note(caching: PromptCaching | None) -> str:
+    """How the table's cached input tokens were estimated, in a sentence or two."""
+    if caching is None:
+        return "No prompt caching assumed: no input token counted as cached."
+    return (
+        "Cached input tokens are an estimate of the provider's prompt cache: a "
+        "request reads the longest prefix it shares with an earlier request to the "
+        f"same model, in {caching.block_tokens}-token steps once that prefix reaches "
+        f"{caching.min_tokens:,} tokens (OpenAI's automatic caching by default), "
+        "except from requests still in flight (as many as the run's "
+        "max_concurrency, --max-concurrency); "
+        "entries are taken to last the run. TAG's prompts put the instructions and "
+        "the input before the rule, so an input's judgments share most of theirs."
+    )
+
+
+def _prices_note(prices: TokenPrices | None) -> str:
+    """The prices the table's dollars are at."""
+    if prices is None:
+        return (
+            "No prices given, so no dollars (tag eval: --price-in, --price-out and "
+            "--price-cached-input, USD per million tokens)."
+        )
+    cached = prices.input if prices.cached_input is None else prices.cached_input
+    return (
+        f"USD at ${prices.input:g} per million input tokens, ${cached:g} per million "
+        f"cached input tokens and ${prices.output:g} per million output tokens, one "
+        "price for every model; batch: every price less "
+        f"{prices.batch_discount:.0%} (Batch API or flex processing, results within "
+        "hours)."
+    )
+
+
+class BulkEstimate(BaseModel):
+    """What a bulk run (`tag run --inputs`) would spend on the inputs left to do."""
+
+    inputs: int = Field(description="Inputs estimated (those not written yet).")
+    judge_calls: int = Field(description="Judge model calls, as the judge splits them.")
+    judgments: int = Field(description="(input, rule) pairs the run would judge.")
+    cached_verdicts: int = Field(
+        description="Of those pairs, the ones already in the judge's verdict cache: "
+        "no call (an earlier or interrupted run paid for them)."
+    )
+    executor_calls: int = 0
+    usage: TokenUsage = Field(description="Calls and estimated tokens.")
+    dollars: float | None = Field(default=None, description="At list prices.")
+    batch_dollars: float | None = Field(
+        default=None, description="At batch prices (`--via batch`, or flex)."
+    )
+    token_counter: str = ""
+    notes: list[str] = Field(default_factory=list)
+
+
+def estimate_bulk(
+    engine: MatchEngine,
+    rules: Sequence[Rule],
+    texts: Iterable[str],
+    *,
+    options: MatchOptions | None = None,
+    executor: ActionOnlyExecutor | None = None,
+    prices: TokenPrices | None = None,
+    caching: PromptCaching | None = DEFAULT_CACHING,
+    in_flight: int = 8,
+) -> BulkEstimate:
+    """What matching (and executing) `texts` would spend, calling no model.
+
+    Each input is planned by the engine itself (filter, prefilter, the learned
+    prefilter's partition and shadow draws), so the pairs counted are the run's;
+    pairs already in the judge's verdict cache, and pairs repeated across inputs,
+    cost nothing. Judge calls and their input tokens are exact (first attempts
+    succeeding); output tokens are a NO each. The executor's prompt is counted
+    with every candidate rule's action, an upper bound: which rules match is
+    known only after judging.
+
+    Raises:
+        ValueError: The engine's judge is not an `ApplicabilityJudge`.
+    """
+    judge = engine.judge
+    if not isinstance(judge, ApplicabilityJudge):
+        msg = (
+            f"a bulk estimate walks an ApplicabilityJudge's calls; a "
+            f"{type(judge).__name__} decides which calls it makes while judging."
+        )
+        raise ValueError(msg)  # noqa: TRY004 - an option the caller chose
+    counter = token_counter()
+    meter = _Meter(counter, caching, in_flight)
+    judged, execution = _Cost(), _Cost()
+    seen: set[str] = set()
+    inputs = pairs = stored_pairs = 0
+    for text in texts:
+        inputs += 1
+        plan = engine.plan(text, rules, options, record=False)
+        keys = {rule.rule_id: judge.cache_key(text, rule) for rule in plan.candidates}
+        cache = judge.cache
+        values = cache.mget(list(keys.values())) if cache is not None and keys else []
+        # No cache (or no candidate): no values, nothing stored.
+        stored = {
+            key
+            for key, value in zip(keys.values(), values, strict=False)
+            if value is not None
+        }
+        pairs += len(keys)
+        stored_pairs += len(stored)
+
+        def ask(
+            rule: Rule, keys: Mapping[str, str] = keys, stored: set[str] = stored
+        ) -> bool:
+            key = keys[rule.rule_id]
+            if key in stored or key in seen:
+                return False
+            seen.add(key)
+            return True
+
+        judged.add(_judge_cost(meter, judge, plan.query, plan.candidates, ask))
+        if executor is not None:
+            execution.add(
+                meter.request(
+                    "executor",
+                    executor.messages(plan.query, plan.candidates),
+                    _executor_answer(executor.template.name, plan.query),
+                )
+            )
+    total = _Cost()
+    total.add(judged)
+    total.add(execution)
+    usage = TokenUsage(
+        calls=total.calls,
+        input_tokens=total.input_tokens,
+        cached_input_tokens=total.cached_input_tokens,
+        output_tokens=total.output_tokens,
+    )
+    notes = []
+    if executor is not None:
+        notes.append(
+            "executor prompts counted with every candidate rule's action (an upper "
+            "bound: the matches are known only after judging)"
+        )
+    if caching is not None:
+        notes.append(
+            f"cached input estimated: prefixes of {caching.min_tokens}+ tokens shared "
+            f"with an earlier request, {in_flight} in flight"
+        )
+    return BulkEstimate(
+        inputs=inputs,
+        judge_calls=judged.calls,
+        judgments=pairs,
+        cached_verdicts=stored_pairs,
+        executor_calls=execution.calls,
+        usage=usage,
+        dollars=None if prices is None else prices.cost(usage),
+        batch_dollars=None if prices is None else prices.cost(usage, batch=True),
+        token_counter=counter.name,
+        notes=notes,
+    )
+
+
+def estimate_table(
+    estimates: Iterable[MethodEstimate],
+    *,
+    prices: TokenPrices | None = None,
+    caching: PromptCaching | None = None,
+) -> str:
+    """The estimates as a Markdown table, with a totals line and a footnote.
+
+    Args:
+        estimates: The rows (`estimate_methods`).
+        prices: The prices the rows were priced at, for the footnote.
+        caching: The prompt-caching model the rows were estimated with, for the
+            footnote; None when none was (or to leave it out).
+    """
     rows = list(estimates)
     with_task = len({row.task for row in rows}) > 1
     heading = [
@@ -857,8 +1131,10 @@ def estimate_table(estimates: Iterable[MethodEstimate]) -> str:
         "executor calls",
         "grader calls",
         "input tokens",
+        "cached input",
         "output tokens",
         "USD",
+        "USD batch",
         "notes",
     ]
     lines = [
@@ -867,7 +1143,6 @@ def estimate_table(estimates: Iterable[MethodEstimate]) -> str:
         *("| " + " | ".join(_cells(row, with_task=with_task)) + " |" for row in rows),
     ]
     done = [row for row in rows if row.status == "ok"]
-    priced = [row.dollars for row in done if row.dollars is not None]
     graded = sum(row.grader_calls for row in done)
     totals = [
         *([""] if with_task else []),
@@ -883,8 +1158,10 @@ def estimate_table(estimates: Iterable[MethodEstimate]) -> str:
         _number(sum(row.executor_calls for row in done)),
         _number(graded, exact=not graded),
         _number(sum(row.input_tokens for row in done)),
+        _number(sum(row.cached_input_tokens for row in done)),
         _number(sum(row.output_tokens for row in done)),
-        _usd(sum(priced) if priced else None),
+        _usd(_sum_usd(row.dollars for row in done)),
+        _usd(_sum_usd(row.batch_dollars for row in done)),
         f"{len(done)} of {len(rows)} methods estimated",
     ]
     lines.append("| " + " | ".join(totals) + " |")
@@ -902,7 +1179,10 @@ def estimate_table(estimates: Iterable[MethodEstimate]) -> str:
         "request); output tokens are estimated (a judge's NO, a typical answer per "
         "execution template, a short grader verdict). The executor's prompt is "
         "estimated for methods that select with a model (the gold rules judged "
-        "stand for their picks). Oracle look-ups are not calls and cost nothing. USD "
-        "per million tokens, one price for every model.",
+        "stand for their picks). Oracle look-ups are not calls and cost nothing.",
+        "",
+        _caching_note(caching),
+        "",
+        _prices_note(prices),
     ]
     return "\n".join(lines)

@@ -7,10 +7,12 @@ field of every `EvalResult` (`diagnostic.json` the diagnostics). The plot
 (matplotlib, the `eval` extra) puts each method at (LLM calls per input, quality)
 and (units given to the executor per input, quality), one row of panels per task.
 
-The oracle's answers are read from the gold labels: the tables count them as
-oracle look-ups, never as LLM calls, and say what a judge model in the oracle's
-place would cost; the plot puts the oracle at those calls, so it is compared with
-TAG at TAG's cost.
+Tokens are as the models reported them ("-": a model reported none); "cached in"
+is the part of the input tokens a provider read from its prompt cache, billed at
+its cached-input price. The oracle's answers are read from the gold labels: the
+tables count them as oracle look-ups, never as LLM calls, and say what a judge
+model in the oracle's place would cost; the plot puts the oracle at those calls,
+so it is compared with TAG at TAG's cost.
 """
 
 from __future__ import annotations
@@ -202,6 +204,7 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
         *(["oracle look-ups"] if looked_up else []),
         "calls/input",
         "tokens in",
+        "cached in",
         "tokens out",
         "wall s",
         "units/input",
@@ -220,6 +223,7 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
             *([r.oracle_lookups] if looked_up else []),
             r.calls_per_input,
             r.input_tokens,
+            r.cached_input_tokens,
             r.output_tokens,
             f"{r.wall_seconds:.2f}",
             r.mean_units,

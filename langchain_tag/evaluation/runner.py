@@ -2,8 +2,9 @@
 
 `aevaluate` runs the standard methods of a task (or those selected) on its inputs
 and returns one `EvalResult` per method: the task's quality metrics (`METRICS`) and
-the cost columns (LLM calls, input and output tokens, wall time, units given to the
-executor; the oracle's answers are counted as look-ups, not as model calls).
+the cost columns (LLM calls, input tokens with the cached ones among them, output
+tokens, wall time, units given to the executor; the oracle's answers are counted as
+look-ups, not as model calls).
 Methods that need a judge model run only when one is given; otherwise they come
 back as skipped rows with the reason, so an offline run covers the methods without
 an LLM and the oracle. `run_nba`, `run_obliqa` and `run_humaneval` do the same on a
@@ -114,7 +115,14 @@ class EvalResult(BaseModel):
         "not the method's, so not in `llm_calls`.",
     )
     input_tokens: int | None = Field(
-        default=None, description="As reported by the models; None if none reported."
+        default=None,
+        description="Judge and executor input tokens, as the models reported them; "
+        "None if unknown (a model reported no usage).",
+    )
+    cached_input_tokens: int | None = Field(
+        default=None,
+        description="Of `input_tokens`, those the providers read from their prompt "
+        "cache (billed at the cached-input price).",
     )
     output_tokens: int | None = None
     wall_seconds: float = Field(
@@ -357,7 +365,7 @@ async def _evaluate_method(
     # Over the inputs that did not fail, so TAG's picks are counted over as many
     # inputs as `tag_picks` says.
     succeeded = [o for o in outcomes if o.error is None]
-    reported = retrieval.reported or execution.reported
+    usage = retrieval.usage + execution.usage
     return _result(
         task,
         method,
@@ -367,12 +375,9 @@ async def _evaluate_method(
         oracle_lookups=retrieval.oracle_calls + execution.oracle_calls,
         executor_calls=execution.model_calls,
         grader_calls=grading.calls,
-        input_tokens=retrieval.input_tokens + execution.input_tokens
-        if reported
-        else None,
-        output_tokens=retrieval.output_tokens + execution.output_tokens
-        if reported
-        else None,
+        input_tokens=usage.input_tokens,
+        cached_input_tokens=usage.cached_input_tokens,
+        output_tokens=usage.output_tokens,
         wall_seconds=wall_seconds,
         setup_seconds=setup_seconds,
         mean_units=mean(len(o.units) for o in succeeded),

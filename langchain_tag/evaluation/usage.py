@@ -1,17 +1,18 @@
-"""Counting model calls and the tokens they report, for cost columns and the demo.
+"""Counting an evaluation's model calls, telling the oracle's look-ups apart.
 
-Tokens are LangChain's `UsageMetadataCallbackHandler`'s (summed per model name);
-this only adds the calls, counted whether or not a model reports usage. Calls to
-the evaluation oracle (`OracleChatModel`) are counted apart as well: they are
-look-ups in the gold labels, not model calls.
+`CallCounter` is `langchain_tag.usage.UsageCounter` (calls and the tokens they
+report, cached input tokens included) that also counts the evaluation oracle's
+answers (`OracleChatModel`) apart: they are look-ups in the gold labels, not
+model calls, and cost no tokens.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from langchain_core.callbacks import UsageMetadataCallbackHandler
 from langchain_core.messages import BaseMessage
+
+from langchain_tag.usage import TokenUsage, UsageCounter
 
 __all__ = ["ORACLE_LLM_TYPE", "CallCounter"]
 
@@ -19,22 +20,19 @@ ORACLE_LLM_TYPE = "tag-oracle"
 """The `_llm_type` of `OracleChatModel`, which answers from the gold labels."""
 
 
-class CallCounter(UsageMetadataCallbackHandler):
-    """`UsageMetadataCallbackHandler` that also counts the model calls.
+class CallCounter(UsageCounter):
+    """`UsageCounter` that also counts the oracle's look-ups apart.
 
-    Fakes and some local servers report no usage: then `reported` is False, and a
-    cost table should show the tokens as unknown rather than as 0. `calls` counts
-    the oracle's answers too (a judge model would make as many calls);
-    `oracle_calls` says how many of them were the oracle's.
+    Fakes and some local servers report no usage: then `reported` is False, and
+    `usage` says the tokens are unknown rather than 0. `calls` counts the
+    oracle's answers too (a judge model would make as many calls);
+    `oracle_calls` says how many of them were the oracle's, and `usage` counts
+    only the calls that reached a model.
     """
-
-    # Counting is an addition under the handler's lock: no worker thread per event.
-    run_inline = True
 
     def __init__(self) -> None:
         """Start from zero."""
         super().__init__()
-        self.calls = 0
         self.oracle_calls = 0
 
     def on_chat_model_start(
@@ -44,17 +42,10 @@ class CallCounter(UsageMetadataCallbackHandler):
         **kwargs: Any,
     ) -> None:
         """Count a chat model call, or an oracle look-up."""
-        oracle = _is_oracle(kwargs)
-        with self._lock:
-            self.calls += 1
-            self.oracle_calls += int(oracle)
-
-    def on_llm_start(
-        self, serialized: dict[str, Any], prompts: list[str], **kwargs: Any
-    ) -> None:
-        """Count a completion model call."""
-        with self._lock:
-            self.calls += 1
+        super().on_chat_model_start(serialized, messages, **kwargs)
+        if _is_oracle(kwargs):
+            with self._lock:
+                self.oracle_calls += 1
 
     @property
     def model_calls(self) -> int:
@@ -62,19 +53,22 @@ class CallCounter(UsageMetadataCallbackHandler):
         return self.calls - self.oracle_calls
 
     @property
-    def reported(self) -> bool:
-        """Whether any call reported its usage."""
-        return bool(self.usage_metadata)
+    def usage(self) -> TokenUsage:
+        """The model calls and their tokens (unknown if none reported them)."""
+        with self._lock:
+            return TokenUsage.from_metadata(
+                list(self.usage_metadata.values()), calls=self.model_calls
+            )
 
     @property
     def input_tokens(self) -> int:
-        """Input tokens reported, over all models."""
-        return sum(u["input_tokens"] for u in self.usage_metadata.values())
+        """Input tokens reported, over all models (0 if none reported)."""
+        return self.usage.input_tokens or 0
 
     @property
     def output_tokens(self) -> int:
-        """Output tokens reported, over all models."""
-        return sum(u["output_tokens"] for u in self.usage_metadata.values())
+        """Output tokens reported, over all models (0 if none reported)."""
+        return self.usage.output_tokens or 0
 
 
 def _is_oracle(event: dict[str, Any]) -> bool:

@@ -79,6 +79,11 @@ class ActionOnlyExecutor(RunnableSerializable[ExecutionInput, Any]):
     def model_post_init(self, context: Any, /) -> None:  # noqa: D102
         self._model, _ = with_settings(self.llm, temperature=self.temperature)
 
+    @property
+    def configured_llm(self) -> BaseChatModel:
+        """The model as each call uses it (`temperature` set on a copy of `llm`)."""
+        return self._model
+
     def messages(
         self, text: str, rules: Sequence[Document | Rule]
     ) -> list[BaseMessage]:

@@ -15,10 +15,16 @@ Every judgment TAG makes is a labelled example (input, rule, applies). The loop:
    judged anyway (`explore_pairs`), so labels keep flowing for skipped rules and
    the prefilter's recall is estimated live (`estimate_recall`); `ShadowJudging`
    holds one engine's state of it.
+   Shadow judging also records the pairs it skipped in the log (skip records,
+   not verdicts).
 4. **Retrain** (`retraining`): once `every` new verdicts are logged
    (`RetrainPolicy`), a `Retrainer` trains the prefilter again from the log in a
    background thread; the prefilter serves its old model until the new one is
    installed.
+5. **Keep the promise** (`promise`): each retraining counts the skipped pairs
+   nobody judged as fractional YES, and aims at the internal target a miss-budget
+   controller (`MissBudget`) sets from the log, so that the stream's recall
+   keeps `target_recall`.
 
 Data flows down: this package uses `langchain_tag.rules` and
 `langchain_tag.matching` (the verdicts), never the retriever or the engine. The
@@ -29,6 +35,7 @@ train); `shadow` and `retraining` do not.
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from langchain_tag.learning.promise import BudgetPlan, MissBudget, StreamCounts
 from langchain_tag.learning.retraining import Retrainer, RetrainPolicy
 from langchain_tag.learning.shadow import (
     RecallEstimate,
@@ -46,13 +53,16 @@ if TYPE_CHECKING:
         LabelledExample,
         LearnedPrefilter,
         RuleFit,
+        Screening,
         Selection,
+        SkippedPair,
     )
     from langchain_tag.learning.verdict_log import (
         DEFAULT_TRAINING_SOURCES,
         PostgresVerdictLog,
         Retention,
         RuleCounts,
+        SkipRecord,
         SQLiteVerdictLog,
         VerdictLog,
         VerdictLogStats,
@@ -77,11 +87,13 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DEFAULT_TRAINING_SOURCES",
     "FORMAT_VERSION",
+    "BudgetPlan",
     "FeatureHashing",
     "FitReport",
     "HashedFeatures",
     "LabelledExample",
     "LearnedPrefilter",
+    "MissBudget",
     "PostgresVerdictLog",
     "RecallEstimate",
     "Retention",
@@ -90,8 +102,12 @@ __all__ = [
     "RuleCounts",
     "RuleFit",
     "SQLiteVerdictLog",
+    "Screening",
     "Selection",
     "ShadowJudging",
+    "SkipRecord",
+    "SkippedPair",
+    "StreamCounts",
     "VerdictLog",
     "VerdictLogStats",
     "VerdictLogWarning",

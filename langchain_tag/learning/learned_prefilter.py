@@ -44,13 +44,19 @@ How it learns (the `learned` extra: scikit-learn, for the feature hashing):
   `load(path, rulebook, target_recall=x)` spends the misses again for `x` without
   training (the same thresholds `fit` at `x` would choose).
 
-Shadow judging keeps the labels flowing for skipped rules and measures recall live
-(`langchain_tag.learning.shadow`). Once the prefilter runs, a skipped pair's
-verdict is known only if it was explored: train on shadow judgments weighted
-`1 / explore` (as `VerdictLog.examples` gives them), and watch the live
-estimate, since thresholds learned from such sampled labels keep somewhat less
-recall than the target (`benchmarks/bench_learned_prefilter.py` measures how
-much).
+Live, the labels are selected: once the prefilter runs, the judge labels what it
+lets through plus the few skipped pairs shadow judging explores
+(`langchain_tag.learning.shadow`, weighted `1 / explore`). Thresholds chosen on
+those labels alone lose recall at every retraining (the YES verdicts the last
+model skipped are missing from the next training set), so `fit` also takes the
+pairs that were skipped and never judged (`SkippedPair`, what the verdict log
+remembers of each skip): each enters the threshold step, not the ridge, as a
+fractional YES of mass `(S + 10 q0) / (N + 10)`, where `q0` is the P(YES |
+skipped) the model in force predicted for it and `S` / `N` are the rule's explored
+YES / explored skipped pairs. A `Retrainer` then chooses `internal_target`, the
+recall the thresholds aim at, with a miss-budget controller
+(`langchain_tag.learning.promise`) so that the stream's recall keeps
+`target_recall` (`benchmarks/bench_recall_promise.py` measures it).
 
 The model is saved as an `.npz` file read with `allow_pickle=False` (arrays and one
 JSON header, nothing executable), written atomically.
@@ -99,7 +105,9 @@ __all__ = [
     "LabelledExample",
     "LearnedPrefilter",
     "RuleFit",
+    "Screening",
     "Selection",
+    "SkippedPair",
 ]
 
 FORMAT_VERSION = 2
@@ -267,6 +275,22 @@ class LabelledExample(NamedTuple):
     weight: float = 1.0
 
 
+class SkippedPair(NamedTuple):
+    """A pair the prefilter skipped: the input, the rule, and what the model expected.
+
+    Not a verdict. `skipped_yes` is the P(YES | skipped) the model in force predicted
+    for the rule when it skipped it (`Screening.skipped_yes`). Given to `fit` with
+    the verdicts, a skipped pair that no verdict labels enters the threshold step
+    as a fractional YES; one that has a verdict (it was explored) marks that verdict
+    as a skipped pair's, counted once rather than `weight` times (the skipped
+    pairs it stood for are there themselves).
+    """
+
+    input: str | HashedFeatures
+    rule_id: str
+    skipped_yes: float
+
+
 RuleStatus = Literal[
     "learned",
     "skipped",
@@ -306,6 +330,15 @@ class RuleFit(BaseModel):
         description="Expected YES verdicts per input lost by skipping it.",
     )
 
+    @property
+    def skipped_yes(self) -> float:
+        """P(YES | skipped): the expected misses over the expected skips (0: never).
+
+        What a skip record of this rule remembers (`SkippedPair.skipped_yes`).
+        """
+        skipped = self.expected_miss + self.expected_skip
+        return self.expected_miss / skipped if skipped > 0 else 0.0
+
 
 class FitReport(BaseModel):
     """What `LearnedPrefilter.fit` learned from, and what it expects of itself."""
@@ -315,16 +348,37 @@ class FitReport(BaseModel):
     inputs: int
     examples: int
     ignored: int = Field(description="Examples of rules not in the rulebook.")
-    target_recall: float
+    skipped: int = Field(
+        default=0,
+        description="Skipped pairs without a verdict, entered in the threshold step "
+        "as fractional YES (`SkippedPair`).",
+    )
+    target_recall: float = Field(
+        description="The recall promised: the share of the judge's YES verdicts to "
+        "keep (the prefilter's `target_recall`)."
+    )
+    internal_target: float = Field(
+        description="The recall the thresholds were chosen for: `target_recall`, "
+        "or what the miss-budget controller set to keep it over the stream "
+        "(`Retrainer`, `MissBudget`)."
+    )
     expected_recall: float = Field(
-        description="Expected share of YES verdicts kept (LOO, conformal), over the "
-        "rules with enough history."
+        description="Expected share of YES verdicts kept at `internal_target` (LOO, "
+        "conformal), over the rules with enough history."
     )
     expected_judged: float = Field(
         description="Expected rules judged per input, of the rulebook's."
     )
     rules: dict[str, RuleFit]
     seconds: float
+
+    @model_validator(mode="before")
+    @classmethod
+    def _internal_target_of_older_files(cls, data: Any) -> Any:
+        # Saved before the controller existed: the thresholds aimed at the target.
+        if isinstance(data, dict) and "internal_target" not in data:
+            return {**data, "internal_target": data.get("target_recall")}
+        return data
 
     def count(self, status: RuleStatus) -> int:
         """How many rules training gave `status`."""
@@ -336,6 +390,15 @@ class Selection(NamedTuple):
 
     judged: list[str]
     skipped: list[str]
+
+
+class Screening(NamedTuple):
+    """A `Selection` with what the model that made it expects of the skipped rules."""
+
+    judged: list[str]
+    skipped: list[str]
+    skipped_yes: dict[str, float]
+    """Skipped rule id -> the model's P(YES | skipped) (`RuleFit.skipped_yes`)."""
 
 
 @dataclass(frozen=True)
@@ -379,6 +442,8 @@ class _Installed(NamedTuple):
     active: npt.NDArray[np.int64]
     rule_ids: tuple[str, ...]
     thresholds: Floats
+    skipped_yes: Mapping[str, float]
+    """Each active rule's P(YES | skipped)."""
 
 
 _UNKNOWN_SHOWN = 5
@@ -411,7 +476,10 @@ class LearnedPrefilter(BaseRetriever):
     rulebook: Rulebook
     """The rules; rules added or edited since training are always judged."""
     target_recall: float = Field(default=0.95, gt=0.0, le=1.0)
-    """Expected share of the judge's YES verdicts kept (over rules with history)."""
+    """The share of the judge's YES verdicts to keep (over rules with history). A
+    single training aims its thresholds at it; a `Retrainer` keeps it over a live
+    stream, aiming each training at the `FitReport.internal_target` its miss-budget
+    controller sets."""
     min_examples: int = Field(default=10, ge=2)
     """Verdicts a rule needs before it may ever be skipped."""
     min_df: int = Field(default=2, ge=1)
@@ -492,12 +560,14 @@ class LearnedPrefilter(BaseRetriever):
             ],
             dtype=np.int64,
         )
+        rule_ids = tuple(model.rule_ids[i] for i in active)
         # One assignment: a concurrent select() sees the old model or the new one.
         self._state = _Installed(
             model,
             active,
-            tuple(model.rule_ids[i] for i in active),
+            rule_ids,
             model.thresholds[active],
+            MappingProxyType({r: model.report.rules[r].skipped_yes for r in rule_ids}),
         )
 
     # -- training ---------------------------------------------------------------------
@@ -506,13 +576,15 @@ class LearnedPrefilter(BaseRetriever):
         self,
         examples: Iterable[
             LabelledExample
+            | SkippedPair
             | tuple[str | HashedFeatures, str, bool]
             | tuple[str | HashedFeatures, str, bool, float]
         ],
         *,
         rulebook: Rulebook | None = None,
+        internal_target: float | None = None,
     ) -> FitReport:
-        """Train on judged pairs; replaces any previous model.
+        """Train on judged pairs (and skipped ones); replaces any previous model.
 
         The prefilter keeps serving its previous model until the new one is
         installed, in one assignment: `fit` may run in another thread.
@@ -523,18 +595,28 @@ class LearnedPrefilter(BaseRetriever):
                 A pair given twice counts once, the last one. Examples of rules
                 not in the rulebook are ignored. They must be verdicts on the
                 rulebook's current rules (`VerdictLog.examples` drops stale ones).
+                `SkippedPair`s among them (`VerdictLog.examples(skipped=True)`)
+                enter the threshold step (see the module docs); the order of all
+                of them is the order of use (`max_inputs` keeps the latest).
             rulebook: Train over this rulebook, and make it the prefilter's; None
                 trains over `self.rulebook`.
+            internal_target: Choose the thresholds for this recall instead of
+                `target_recall` (what a `Retrainer`'s miss-budget controller
+                sets); `target_recall`, the promise, is unchanged.
 
         Returns:
             What was learned (also `self.report`).
 
         Raises:
-            ValueError: A weight is not positive, or hashed features use another
+            ValueError: A weight is not positive, a `skipped_yes` is not in [0, 1],
+                `internal_target` is not in [0, 1], or hashed features use another
                 scheme than `hashing`.
             ImportError: scikit-learn (the `learned` extra) is not installed.
         """
         started = time.perf_counter()
+        if internal_target is not None and not 0.0 <= internal_target <= 1.0:
+            msg = f"internal_target must be in [0, 1], got {internal_target!r}"
+            raise ValueError(msg)
         rules = self.rulebook if rulebook is None else rulebook
         data = _collect(examples, {rule.rule_id for rule in rules.rules})
         inputs = data.inputs[-self.max_inputs :]
@@ -543,7 +625,17 @@ class LearnedPrefilter(BaseRetriever):
             rule_id: [(i - first, y, w) for i, y, w in pairs if i >= first]
             for rule_id, pairs in data.labels.items()
         }
-        model = _train(self, rules, inputs, labels, data.ignored, started)
+        skipped = {
+            rule_id: [(i - first, q) for i, q in pairs if i >= first]
+            for rule_id, pairs in data.skipped.items()
+        }
+        model = _train(
+            self,
+            rules,
+            _Collected(inputs, labels, skipped, data.ignored),
+            started,
+            self.target_recall if internal_target is None else internal_target,
+        )
         if rulebook is not None:
             self.rulebook = rulebook
         self._activate(model)
@@ -567,6 +659,15 @@ class LearnedPrefilter(BaseRetriever):
                 a known id with another content hash) is always judged, with one
                 warning naming the unknown rules (once per prefilter and rule).
         """
+        judged, skipped, _ = self.screen(text, candidates)
+        return Selection(judged, skipped)
+
+    def screen(self, text: str, candidates: Sequence[Rule] | None = None) -> Screening:
+        """`partition`, with each skipped rule's P(YES | skipped), from one model.
+
+        What shadow judging records of a skip (`SkippedPair`); the arguments are
+        `partition`'s.
+        """
         state = self._state
         rules = self.rulebook.rules if candidates is None else candidates
         known = self._known(state)
@@ -584,7 +685,8 @@ class LearnedPrefilter(BaseRetriever):
             margin = margins.get(rule.rule_id)
             skip = margin is not None and margin < 0 and rule.rule_id not in unknown
             (skipped if skip else judged).append(rule.rule_id)
-        return Selection(judged, skipped)
+        rates = {} if state is None else state.skipped_yes
+        return Screening(judged, skipped, {r: rates[r] for r in skipped})
 
     def _warn_unknown(self, rules: Sequence[Rule], unknown: set[str]) -> None:
         keys = {(r.rule_id, self._hash_of(r)) for r in rules if r.rule_id in unknown}
@@ -634,7 +736,10 @@ class LearnedPrefilter(BaseRetriever):
         """Write the trained model atomically (`.npz`, no pickled objects).
 
         The file keeps every rule's skipping options, so `load` can meet another
-        `target_recall` without training.
+        `target_recall` without training, and the report with its
+        `internal_target`. Nothing else needs saving for the promise kept live:
+        the miss-budget controller keeps no state of its own, a `Retrainer` reads
+        it from the verdict log at each training (so it survives a restart).
 
         Returns:
             The path written.
@@ -688,7 +793,9 @@ class LearnedPrefilter(BaseRetriever):
             rulebook: The rules to select from.
             **data: The other fields. A `target_recall` other than the one the model
                 was trained for re-thresholds it: the thresholds `fit` would have
-                chosen for that target, from the same verdicts.
+                chosen for that target, from the same verdicts (and skipped
+                pairs), with `internal_target` that target until a `Retrainer`
+                sets its own. The same target keeps the saved thresholds.
 
         Raises:
             ValueError: The file is not a saved learned prefilter, or is corrupt,
@@ -737,7 +844,7 @@ class LearnedPrefilter(BaseRetriever):
                     "`fit`), or load it without target_recall."
                 )
                 raise ValueError(msg)
-            model = _rethresholded(model, float(target))
+            model = _rethresholded(model, float(target), float(target))
         prefilter = cls(
             rulebook, **{**data, "target_recall": target, "hashing": hashing}
         )
@@ -836,7 +943,7 @@ def _margins(state: _Installed | None, text: str) -> dict[str, float]:
     """Score minus threshold of each rule `state` may skip (< 0: skipped)."""
     if state is None or not state.rule_ids:
         return {}
-    model, active, ids, thresholds = state
+    model, active, ids, thresholds, _ = state
     features = model.hashing.hash_matrix([text])
     features.sort_indices()
     values = _tf_idf_row(model, np.asarray(features.indices), np.asarray(features.data))
@@ -877,41 +984,59 @@ def _tf_idf_row(
 class _Collected:
     inputs: list[str | HashedFeatures]
     labels: dict[str, list[tuple[int, bool, float]]]
+    """Rule id -> (input, applies, weight) of each labelled pair."""
+    skipped: dict[str, list[tuple[int, float]]]
+    """Rule id -> (input, P(YES | skipped)) of each skipped pair (`SkippedPair`)."""
     ignored: int
 
 
 def _collect(examples: Iterable[Any], rule_ids: set[str]) -> _Collected:
-    """Distinct inputs (in order of last use) and each rule's labelled inputs."""
+    """Distinct inputs (in order of last use), each rule's labelled, skipped pairs."""
     position: dict[str | HashedFeatures, int] = {}
     pairs: dict[tuple[int, str], tuple[bool, float]] = {}
+    skips: dict[tuple[int, str], float] = {}
+    last_use: dict[int, int] = {}
     ignored = 0
-    for example in examples:
-        # Unpacked by hand: a training set can hold millions of pairs.
-        features, rule_id, applies, *rest = example
-        weight = float(rest[0]) if rest else 1.0
-        if not (weight > 0 and math.isfinite(weight)) or len(rest) > 1:
-            msg = (
-                "Examples are (input, rule_id, applies) or (..., weight) with a "
-                f"positive weight; got {example!r:.200}."
-            )
-            raise ValueError(msg)
+    for order, example in enumerate(examples):
+        if isinstance(example, SkippedPair):
+            features, rule_id, skipped_yes = example
+            if not 0.0 <= skipped_yes <= 1.0:
+                msg = (
+                    "A SkippedPair's skipped_yes is a probability, in [0, 1]; got "
+                    f"{example!r:.200}."
+                )
+                raise ValueError(msg)
+        else:
+            # Unpacked by hand: a training set can hold millions of pairs.
+            features, rule_id, applies, *rest = example
+            weight = float(rest[0]) if rest else 1.0
+            if not (weight > 0 and math.isfinite(weight)) or len(rest) > 1:
+                msg = (
+                    "Examples are (input, rule_id, applies) or (..., weight) with a "
+                    f"positive weight; got {example!r:.200}."
+                )
+                raise ValueError(msg)
         if rule_id not in rule_ids:
             ignored += 1
             continue
         index = position.setdefault(features, len(position))
+        last_use[index] = order
+        if isinstance(example, SkippedPair):
+            skips[index, rule_id] = float(skipped_yes)
+            continue
         pairs.pop((index, rule_id), None)  # the last verdict on a pair wins
         pairs[index, rule_id] = (bool(applies), weight)
     # Inputs ordered by their last example, so `max_inputs` keeps the most recent.
-    last_use: dict[int, int] = {}
-    for order, (index, _) in enumerate(pairs):
-        last_use[index] = order
     ranked = sorted(last_use, key=last_use.__getitem__)
     renumber = {old: new for new, old in enumerate(ranked)}
     inputs = list(position)
     labels: dict[str, list[tuple[int, bool, float]]] = {}
     for (index, rule_id), (applies, weight) in pairs.items():
         labels.setdefault(rule_id, []).append((renumber[index], applies, weight))
-    return _Collected([inputs[old] for old in ranked], labels, ignored)
+    skipped: dict[str, list[tuple[int, float]]] = {}
+    for (index, rule_id), skipped_yes in skips.items():
+        skipped.setdefault(rule_id, []).append((renumber[index], skipped_yes))
+    return _Collected([inputs[old] for old in ranked], labels, skipped, ignored)
 
 
 @dataclass(frozen=True)
@@ -927,11 +1052,15 @@ class _Candidate:
 
     Option 0 keeps the rule (judged always); the others skip it below a threshold,
     in increasing order of threshold, the last one (infinite) for every input.
+    `rate` is its YES verdicts per input (None: too little history to count).
     """
 
     rule_id: str
     fit: RuleFit
     options: list[_Option]
+    rate: float | None = None
+    imputed: int = 0
+    """Skipped pairs without a verdict in its threshold step."""
     weights: Floats | None = None
     bias: float = 0.0
     chosen: int = 0
@@ -940,12 +1069,12 @@ class _Candidate:
 def _train(
     prefilter: LearnedPrefilter,
     rulebook: Rulebook,
-    inputs: Sequence[str | HashedFeatures],
-    labels: dict[str, list[tuple[int, bool, float]]],
-    ignored: int,
+    data: _Collected,
     started: float,
+    internal_target: float,
 ) -> _Model:
     hashing = prefilter.hashing
+    inputs = data.inputs
     counts = _rows(hashing, inputs)
     columns, idf, matrix = _tf_idf_matrix(counts, prefilter.min_df)
     # A constant feature carries the bias, regularised with the weights.
@@ -957,14 +1086,21 @@ def _train(
     candidates: list[_Candidate] = []
     fits: dict[str, RuleFit] = {}
     yes_rate_total = 0.0
+    imputed = 0
     for rule in rulebook.rules:
-        pairs = labels.get(rule.rule_id, [])
         candidate = _rule_candidate(
-            prefilter, rule, pairs, augmented, gram, decompositions
+            prefilter,
+            rule,
+            data.labels.get(rule.rule_id, []),
+            data.skipped.get(rule.rule_id, []),
+            augmented,
+            gram,
+            decompositions,
         )
         fits[rule.rule_id] = candidate.fit
-        if candidate.fit.status != "little_history":
-            yes_rate_total += _yes_rate(pairs)
+        if candidate.rate is not None:
+            yes_rate_total += candidate.rate
+        imputed += candidate.imputed
         if candidate.options:
             candidates.append(candidate)
     hashes = {rule.rule_id: rule.content_hash() for rule in rulebook.rules}
@@ -974,9 +1110,11 @@ def _train(
             weights[:, j] = candidate.weights
     report = FitReport(
         inputs=len(inputs),
-        examples=sum(len(pairs) for pairs in labels.values()),
-        ignored=ignored,
+        examples=sum(len(pairs) for pairs in data.labels.values()),
+        ignored=data.ignored,
+        skipped=imputed,
         target_recall=prefilter.target_recall,
+        internal_target=internal_target,
         expected_recall=1.0,
         expected_judged=float(len(rulebook.rules)),
         rules=fits,
@@ -1001,21 +1139,24 @@ def _train(
         trained_rules=MappingProxyType(hashes),
         report=report,
     )
-    model = _rethresholded(model, prefilter.target_recall)
+    model = _rethresholded(model, prefilter.target_recall, internal_target)
     seconds = time.perf_counter() - started
     return replace(model, report=model.report.model_copy(update={"seconds": seconds}))
 
 
-def _rethresholded(model: _Model, target_recall: float) -> _Model:
-    """`model` with the thresholds that spend `1 - target_recall` of its YES verdicts.
+def _rethresholded(
+    model: _Model, target_recall: float, internal_target: float | None = None
+) -> _Model:
+    """`model` with thresholds spending `1 - internal_target` of its YES verdicts.
 
     The misses allowed are spent where each buys the most skipped judgments (see
     `_allocate`); the options do not depend on the target, so this chooses what
-    training at `target_recall` would.
+    training at that target would. `internal_target` None: `target_recall`.
     """
     if model.yes_rate_total is None:
         msg = "this model keeps no YES rate: it cannot be re-thresholded"
         raise ValueError(msg)
+    aim = target_recall if internal_target is None else internal_target
     candidates = [
         _Candidate(
             rule_id,
@@ -1029,7 +1170,7 @@ def _rethresholded(model: _Model, target_recall: float) -> _Model:
         )
         for j, rule_id in enumerate(model.rule_ids)
     ]
-    spent = _allocate(candidates, (1.0 - target_recall) * model.yes_rate_total)
+    spent = _allocate(candidates, (1.0 - aim) * model.yes_rate_total)
     fits = dict(model.report.rules)
     for candidate in candidates:
         # Option 0 keeps the rule (threshold -inf), the last skips it always (+inf).
@@ -1050,6 +1191,7 @@ def _rethresholded(model: _Model, target_recall: float) -> _Model:
     report = model.report.model_copy(
         update={
             "target_recall": target_recall,
+            "internal_target": aim,
             "expected_recall": 1.0 - spent / total if total else 1.0,
             "expected_judged": len(model.trained_rules)
             - sum(fit.expected_skip for fit in fits.values()),
@@ -1093,22 +1235,67 @@ def _tf_idf_matrix(
     return columns, np.asarray(transformer.idf_, dtype=np.float64), matrix
 
 
-def _yes_rate(pairs: Sequence[tuple[int, bool, float]]) -> float:
-    """The rule's YES share per input, pulled towards 1/2 by half an example."""
-    total = sum(w for _, _, w in pairs)
-    yes = sum(w for _, y, w in pairs if y)
-    return (yes + 0.5) / (total + 1.0)
+_PRIOR_PAIRS = 10.0
+"""How many explored pairs the model's own P(YES | skipped) counts for, when a
+skipped pair's YES mass is estimated (`_Masses`): about two retrainings' worth of a
+rule's explored pairs on NBA."""
+
+
+@dataclass(frozen=True)
+class _Masses:
+    """A rule's pairs as the threshold step counts them: YES and NO mass each.
+
+    The labelled pairs first (a verdict on a pair that was skipped, an explored
+    one, counts once: its unexplored siblings are among the imputed pairs; other
+    verdicts count their weight), then the skipped pairs without a verdict, each a
+    fractional YES of mass `q = (S + k q0) / (N + k)`: `q0` the model's P(YES |
+    skipped) when it skipped the pair, `S` / `N` the rule's explored YES / explored
+    pairs, `k` = `_PRIOR_PAIRS`. Without skipped pairs this is the weights.
+    """
+
+    yes: Floats
+    no: Floats
+    imputed_rows: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(
+        cls,
+        pairs: Sequence[tuple[int, bool, float]],
+        skipped: Sequence[tuple[int, float]],
+    ) -> _Masses:
+        prior = dict(skipped)
+        y = np.asarray([a for _, a, _ in pairs], dtype=np.float64)
+        mass = np.asarray(
+            [1.0 if i in prior else w for i, _, w in pairs], dtype=np.float64
+        )
+        explored = np.asarray([i in prior for i, _, _ in pairs], dtype=bool)
+        labelled = {i for i, _, _ in pairs}
+        rows = np.asarray([i for i, _ in skipped if i not in labelled], dtype=np.int64)
+        q0 = np.asarray([q for i, q in skipped if i not in labelled], dtype=np.float64)
+        q = (y[explored].sum() + _PRIOR_PAIRS * q0) / (explored.sum() + _PRIOR_PAIRS)
+        return cls(
+            np.concatenate([mass * y, q]), np.concatenate([mass * (1 - y), 1 - q]), rows
+        )
+
+    @property
+    def rate(self) -> float:
+        """The rule's YES share per input, pulled towards 1/2 by half an example."""
+        return float((self.yes.sum() + 0.5) / (self.yes.sum() + self.no.sum() + 1.0))
 
 
 def _rule_candidate(
     prefilter: LearnedPrefilter,
     rule: Rule,
     pairs: Sequence[tuple[int, bool, float]],
+    skipped: Sequence[tuple[int, float]],
     augmented: Any,
     gram: Floats,
     decompositions: dict[bytes, tuple[Floats, Floats]],
 ) -> _Candidate:
     """A rule's skipping options: (threshold, expected miss, expected skip) each.
+
+    The ridge learns from the labelled `pairs` only; the `skipped` pairs without a
+    verdict enter the options (`_Masses`), scored by the ridge.
 
     The ridge is hand-written, not scikit-learn's `RidgeCV` (whose leave-one-out
     is as cheap), because `RidgeCV` computes another thing: it centres the data
@@ -1127,16 +1314,22 @@ def _rule_candidate(
         return _Candidate(
             rule.rule_id, fit.model_copy(update={"status": "little_history"}), []
         )
+    masses = _Masses.of(pairs, skipped)
+    rate = masses.rate
+    imputed = len(masses.imputed_rows)
     if positives == len(pairs):
         return _Candidate(
-            rule.rule_id, fit.model_copy(update={"status": "always_applies"}), []
+            rule.rule_id,
+            fit.model_copy(update={"status": "always_applies"}),
+            [],
+            rate,
+            imputed,
         )
-    rate = _yes_rate(pairs)
     keep_all = _Option(-math.inf, 0.0, 0.0)
     if positives == 0:
         # Skipping a rule that never applied misses all of its (rare) YES verdicts.
         skip_all = _Option(math.inf, rate, 1.0 - rate)
-        return _Candidate(rule.rule_id, fit, [keep_all, skip_all])
+        return _Candidate(rule.rule_id, fit, [keep_all, skip_all], rate, imputed)
     # Weighted least squares is plain least squares on rows scaled by sqrt(weight):
     # a shadow judgment then counts as the 1 / explore pairs it stands for, and
     # leaving one out removes all of its weight.
@@ -1165,41 +1358,52 @@ def _rule_candidate(
     auc, alpha, loo = best
     dual = root * (vectors @ (projected / (values + alpha)))
     primal = np.asarray(augmented[rows].T @ dual).ravel()
-    options = [keep_all, *_threshold_options(loo, y, w, rate)]
+    # The imputed pairs were not trained on: their plain scores are held out.
+    scores = np.concatenate(
+        [loo, np.asarray(augmented[masses.imputed_rows] @ primal).ravel()]
+    )
+    options = [keep_all, *_threshold_options(scores, masses.yes, masses.no, rate)]
     return _Candidate(
         rule.rule_id,
         fit.model_copy(update={"alpha": alpha, "loo_auc": auc}),
         options,
+        rate,
+        imputed,
         weights=primal[:-1],
         bias=float(primal[-1]),
     )
 
 
 def _threshold_options(
-    scores: Floats, y: npt.NDArray[np.bool_], w: Floats, rate: float
+    scores: Floats, yes: Floats, no: Floats, rate: float
 ) -> list[_Option]:
-    """Skipping below each YES example's LOO score, then skipping always.
+    """Skipping below each score that carries YES mass, then skipping always.
 
-    A threshold above YES examples of total weight `below` (of `total`) misses a
-    new YES verdict with probability `(below + 1) / (total + 1)`: the conformal
-    rank argument, the new verdict being exchangeable with the old ones.
+    A threshold above YES mass `below` (of `total`) misses a new YES verdict with
+    probability `(below + 1) / (total + 1)`: the conformal rank argument, the new
+    verdict being exchangeable with the old ones; it skips the share of the NO mass
+    below it.
     """
-    positive = np.sort(np.unique(scores[y]))
-    pos_scores, pos_w = scores[y], w[y]
-    neg_scores, neg_w = scores[~y], w[~y]
-    total_pos, total_neg = float(pos_w.sum()), float(neg_w.sum())
-    options = []
-    for threshold in [*positive.tolist(), math.inf]:
-        below = float(pos_w[pos_scores < threshold].sum())
-        skipped = float(neg_w[neg_scores < threshold].sum())
-        options.append(
-            _Option(
-                threshold,
-                rate * (below + 1.0) / (total_pos + 1.0),
-                (1.0 - rate) * skipped / total_neg,
-            )
+    order = np.argsort(scores, kind="stable")
+    ranked = scores[order]
+    yes_below = np.concatenate([[0.0], np.cumsum(yes[order])])
+    no_below = np.concatenate([[0.0], np.cumsum(no[order])])
+    total_yes, total_no = yes_below[-1], no_below[-1]
+    thresholds = np.unique(scores[yes > 0])
+    at = np.searchsorted(ranked, thresholds, side="left")
+    return [
+        _Option(
+            threshold,
+            rate * (below + 1.0) / (total_yes + 1.0),
+            (1.0 - rate) * skipped / total_no if total_no else 0.0,
         )
-    return options
+        for threshold, below, skipped in zip(
+            [*thresholds.tolist(), math.inf],
+            [*yes_below[at].tolist(), float(total_yes)],
+            [*no_below[at].tolist(), float(total_no)],
+            strict=True,
+        )
+    ]
 
 
 def _weighted_auc(scores: Floats, y: npt.NDArray[np.bool_], w: Floats) -> float:

@@ -3,7 +3,11 @@
 `RetrainPolicy` says when enough new verdicts call for training again;
 `Retrainer` trains in a background thread when it is due, so no retrieval waits
 for a training: the prefilter keeps serving its old model until the new one is
-installed, in one assignment.
+installed, in one assignment. Each training keeps the prefilter's recall promise
+over the stream: it learns from the verdicts and the skipped pairs nobody judged
+(`VerdictLog.examples(skipped=True)`), and aims its thresholds at the internal
+target the miss-budget controller sets from the log (`MissBudget`,
+`langchain_tag.learning.promise`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from langchain_tag.learning.promise import BudgetPlan, MissBudget, StreamCounts
 from langchain_tag.rules import Rule, Rulebook
 
 if TYPE_CHECKING:
@@ -56,16 +61,27 @@ class Retrainer:
 
     Call `poll()` after each retrieval: when `RetrainPolicy(every)` says a training
     is due and none is running, it starts one in a daemon thread and returns at
-    once. The training reads `log.examples(rulebook)` and fits the prefilter over
-    `rulebook`; the prefilter keeps serving its old model until the new one is
-    installed. A failing training logs a warning with its error and is tried again
-    at the next mark (`every` verdicts later); it is never raised into a retrieval.
+    once. The training reads the log and fits the prefilter over `rulebook`; the
+    prefilter keeps serving its old model until the new one is installed. A failing
+    training logs a warning with its error and is tried again at the next mark
+    (`every` verdicts later); it is never raised into a retrieval.
+
+    With a `budget` (the default), each training keeps `target_recall` over the
+    stream: it learns from the verdicts and the skip records
+    (`log.examples(rulebook, skipped=True)`), and aims at the internal target the
+    controller plans from `log.stream_counts()` (`last_plan`,
+    `FitReport.internal_target`). Everything it needs is in the log, so the
+    promise carries over a restart and across processes sharing the log; the
+    window is `every` verdicts at the last window's verdicts per input.
 
     Args:
         prefilter: The prefilter to train.
         log: The verdict log to learn from.
         rulebook: The rules to train over (the engine's).
         every: Train again once this many new verdicts are logged.
+        budget: The miss-budget controller; None trains on the verdicts alone at
+            `target_recall`, as releases before did (it saves more and keeps less
+            recall than promised: `benchmarks/bench_recall_promise.py`).
     """
 
     def __init__(
@@ -75,14 +91,22 @@ class Retrainer:
         rulebook: Rulebook,
         *,
         every: int,
+        budget: MissBudget | None = MissBudget(),  # noqa: B008 - frozen
     ) -> None:
         """Remember what to train; nothing runs until `poll`."""
         self.prefilter = prefilter
         self.log = log
         self.rulebook = rulebook
         self.policy = RetrainPolicy(every=every)
+        self.budget = budget
         self._lock = threading.Lock()
         self._running: concurrent.futures.Future[FitReport] | None = None
+        self._plan: BudgetPlan | None = None
+
+    @property
+    def last_plan(self) -> BudgetPlan | None:
+        """The controller's plan for the last training started here (None: none)."""
+        return self._plan
 
     @property
     def trained_at(self) -> int | None:
@@ -128,9 +152,8 @@ class Retrainer:
             )
             return None
         with self._lock, _MARKS_LOCK:
-            if self._running is not None or not self.policy.due(
-                position, self.trained_at
-            ):
+            previous = self.trained_at
+            if self._running is not None or not self.policy.due(position, previous):
                 return None
             # A failed training is tried again at the next mark, not at once.
             self.prefilter._retrained_at[self.log.location] = position  # noqa: SLF001
@@ -139,7 +162,12 @@ class Retrainer:
             self._running = future
         thread = threading.Thread(
             target=self._train,
-            args=(future, position, None if rules is None else list(rules)),
+            args=(
+                future,
+                position,
+                previous or 0,
+                None if rules is None else list(rules),
+            ),
             name="langchain-tag-retrainer",
             daemon=True,
         )
@@ -150,14 +178,13 @@ class Retrainer:
         self,
         future: concurrent.futures.Future[FitReport],
         position: int,
+        previous: int,
         rules: list[Rule] | None,
     ) -> None:
         try:  # the rulebook too: rules edited into a graph's state may not form one
             if rules is not None and rules != list(self.rulebook.rules):
                 self.rulebook = Rulebook(rules=rules)
-            report = self.prefilter.fit(
-                self.log.examples(self.rulebook), rulebook=self.rulebook
-            )
+            report = self._fit(previous)
         except BaseException as error:  # noqa: BLE001 - reported, never raised
             logger.warning(
                 "Retraining the learned prefilter at verdict log position %d failed "
@@ -175,3 +202,31 @@ class Retrainer:
         with self._lock:
             self._running = None
         future.set_result(report)
+
+    def _fit(self, previous: int) -> FitReport:
+        """One training: at the controller's internal target, or the plain one."""
+        if self.budget is None:
+            return self.prefilter.fit(
+                self.log.examples(self.rulebook), rulebook=self.rulebook
+            )
+        counts = self.log.stream_counts(since=previous)
+        plan = self.budget.plan(
+            counts, self.prefilter.target_recall, _window(counts, self.policy.every)
+        )
+        self._plan = plan
+        return self.prefilter.fit(
+            self.log.examples(self.rulebook, skipped=True),
+            rulebook=self.rulebook,
+            internal_target=plan.internal_target,
+        )
+
+
+def _window(counts: StreamCounts, every: int) -> float:
+    """Inputs expected before the next training.
+
+    `every` verdicts at the last window's verdicts per input; with no last window,
+    as many as so far.
+    """
+    if counts.recent_inputs and counts.recent_verdicts:
+        return every * counts.recent_inputs / counts.recent_verdicts
+    return float(counts.inputs)

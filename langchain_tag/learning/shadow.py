@@ -6,8 +6,13 @@ flowing for the skipped rules (no feedback loop) and the prefilter's recall can 
 estimated live: `explore_pairs` draws them, reproducibly; `estimate_recall` turns
 what they found into a recall estimate with a Wilson interval; `ShadowJudging`
 holds one engine's shadow judging around a `LearnedPrefilter`: which candidates to
-judge for an input, and the recall counts across retrievals. These run on every
-retrieval; this module imports no numpy.
+judge for an input, the skip records it leaves in the verdict log, and the recall
+counts across retrievals. These run on every retrieval; this module imports no
+numpy.
+
+What is promised and what is estimated (see `RecallEstimate`): the promise is the
+prefilter's `target_recall`, kept over the stream by its `Retrainer`; the estimate
+is what the shadow judgments measured of it so far.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from langchain_tag._text import digest
 if TYPE_CHECKING:
     from langchain_tag.learning.learned_prefilter import LearnedPrefilter
     from langchain_tag.matching.judge import Verdict
+    from langchain_tag.matching.verdicts import VerdictSink
     from langchain_tag.rules import Rule
 
 __all__ = [
@@ -79,7 +85,31 @@ def explore_pairs(
 
 
 class RecallEstimate(BaseModel):
-    """The prefilter's recall of YES verdicts, estimated from shadow judgments."""
+    """The prefilter's recall of YES verdicts so far, estimated from shadow judgments.
+
+    **Promised** (`target_recall`, when the engine retrains the prefilter with the
+    miss-budget controller, `Retrainer`'s default): over the retrievals after the
+    first training (the warm-up, before it, judges every rule), the share of the
+    judge's YES verdicts whose pair was judged, an explored YES counting as a miss,
+    is at least `target_recall` in at least 95% of streams. That is a measured
+    property, not a theorem: the controller is sized for it (`MissBudget.z`), and
+    on RuleArena-NBA it held in 95-100% of random orders at each target measured
+    (`benchmarks/bench_recall_promise.py`). Its conditions: the inputs come in
+    an order that does not depend on the verdicts (exchangeable, as a random order
+    is); the judge answers the same pair the same way; `explore` > 0 and the judge
+    keeps a verdict log (with the skip records shadow judging writes); retraining
+    runs (`retrain_every`) from a log holding the whole stream (retention prunes
+    what the promise counts); and the controller's allowance for actual over
+    predicted misses (`MissBudget.allowance`, chosen on NBA) holds on the corpus,
+    which the shadow's YES verdicts correct only as they accumulate. A single `fit`
+    (no retraining) promises nothing live: its `FitReport.expected_recall` is a
+    leave-one-out estimate.
+
+    **Estimated** (these fields): the recall the shadow judgments measured over
+    the retrievals this engine observed since the prefilter was first trained. A
+    small explore rate finds few misses, so the interval is wide: it describes,
+    and cannot confirm, the promise.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -87,9 +117,16 @@ class RecallEstimate(BaseModel):
     shadow_yes: int = Field(ge=0, description="YES verdicts of explored skipped pairs.")
     explore: float = Field(gt=0.0, le=1.0)
     confidence: float
-    estimate: float = Field(description="kept / (kept + shadow / explore).")
-    low: float
-    high: float
+    estimate: float = Field(
+        description="kept / (kept + shadow / explore): the recall measured so far."
+    )
+    low: float = Field(description="Lower end of the Wilson interval.")
+    high: float = Field(description="Upper end of the Wilson interval.")
+    promised: float | None = Field(
+        default=None,
+        description="The recall promised (the prefilter's `target_recall`), under "
+        "the conditions above; None without one.",
+    )
 
 
 def estimate_recall(
@@ -156,36 +193,50 @@ class ShadowJudging:
 
     `partition` says which candidates a retrieval judges: the prefilter's kept ones,
     the skipped ones explored at rate `explore`, and every candidate the prefilter
-    does not know. `observe` adds a retrieval's YES verdicts to the running counts
-    and gives the recall estimate. The counts accumulate across retrainings, so the
-    interval narrows as the engine runs (it estimates the recall of the models that
-    served those retrievals, together).
+    does not know; given a verdict log, it records the skipped pairs there
+    (`VerdictLog.record_skipped`, written with the log's next write), which the
+    retraining needs to keep the promise. `observe` adds a retrieval's YES verdicts
+    to the running counts and gives the recall estimate. The counts accumulate
+    across retrainings, so the interval narrows as the engine runs (it estimates
+    the recall of the models that served those retrievals, together).
 
     Args:
         prefilter: The learned prefilter.
         explore: The share of skipped (input, rule) pairs judged anyway, in [0, 1].
+        log: The judge's verdict log, to record the skipped pairs in; a sink
+            without `record_skipped`, or None, records none.
 
     Raises:
         ValueError: `explore` is outside [0, 1].
     """
 
-    def __init__(self, prefilter: LearnedPrefilter, *, explore: float = 0.05) -> None:
+    def __init__(
+        self,
+        prefilter: LearnedPrefilter,
+        *,
+        explore: float = 0.05,
+        log: VerdictSink | None = None,
+    ) -> None:
         """Start with no counts."""
         check_rate(explore)
         self.prefilter = prefilter
         self.explore = explore
+        self._record_skipped = getattr(log, "record_skipped", None)
         self._lock = threading.Lock()
         self._kept_yes = 0
         self._shadow_yes = 0
 
     def partition(
-        self, query: str, candidates: Sequence[Rule]
+        self, query: str, candidates: Sequence[Rule], *, record: bool = True
     ) -> tuple[list[Rule], dict[str, float]]:
         """The candidates to judge, and the explored ones with their rate.
 
         Args:
             query: The input.
             candidates: The rules the retrieval may judge.
+            record: Record the skipped pairs in the log; False for a plan that
+                only looks ahead (an estimate, judging ahead of a retrieval that
+                plans again), so that a retrieval's pairs are recorded once.
 
         Returns:
             The candidates to judge, in candidate order (the prefilter's kept ones,
@@ -195,10 +246,23 @@ class ShadowJudging:
         """
         if not candidates:
             return [], {}
-        _, skipped = self.prefilter.partition(query, candidates)
+        screen = getattr(self.prefilter, "screen", None)
+        if callable(screen):  # a prefilter with `partition` only says no rates
+            _, skipped, skipped_yes = screen(query, candidates)
+        else:
+            _, skipped = self.prefilter.partition(query, candidates)
+            skipped_yes = {}
         explored = explore_pairs(skipped, digest(query), rate=self.explore)
         dropped = set(skipped).difference(explored)
         judged = [rule for rule in candidates if rule.rule_id not in dropped]
+        if record and skipped_yes and callable(self._record_skipped):
+            # A skipped rule is known and unchanged: its hash is the prefilter's.
+            hashes = self.prefilter.known_rules
+            self._record_skipped(
+                query,
+                [(r, hashes[r], rate) for r, rate in skipped_yes.items()],
+                explore=self.explore,
+            )
         return judged, dict.fromkeys(explored, self.explore)
 
     def observe(
@@ -223,7 +287,9 @@ class ShadowJudging:
             self._kept_yes += kept_yes
             self._shadow_yes += shadow_yes
             kept, found = self._kept_yes, self._shadow_yes
-        return estimate_recall(kept, found, self.explore)
+        estimate = estimate_recall(kept, found, self.explore)
+        promised = getattr(self.prefilter, "target_recall", None)
+        return estimate.model_copy(update={"promised": promised})
 
     @property
     def counts(self) -> tuple[int, int]:

@@ -24,6 +24,18 @@ Inputs are stored once each (keyed by SHA-256), verdicts point at them. A log
 made before a column existed (`reason`) gets it, empty for the old rows, when it is
 opened.
 
+**Skip records** (`SkipRecord`, in the sibling table `<table>_skipped`): the pairs a
+learned prefilter skipped, each with the P(YES | skipped) its model predicted and
+the exploration rate. They are not verdicts: `records`, `examples` (unless
+`skipped=True`, which yields them as `SkippedPair`s for `LearnedPrefilter.fit`),
+`export`, `len` and `position` see verdicts only, and a release that does not know
+the table never reads it. What they are for: the threshold step counts the skipped
+pairs nobody judged, and `stream_counts` gives the miss-budget controller the
+misses the models predicted (`langchain_tag.learning.promise`). Shadow judging
+writes them (`record_skipped`) without waiting on the store: they go with the
+log's next write. A log made before the table existed gets it when opened for
+writing; read only, it reads as holding none.
+
 **Reading only** (`read_only=True`, what `tag verdicts` and `tag prefilter train`
 use): the log must exist, and nothing is created, altered or written (SQLite opens
 the file `mode=ro`; a PostgreSQL session is read-only). A missing file, or a database
@@ -65,6 +77,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import heapq
 import logging
 import threading
 import time
@@ -73,7 +86,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import MappingProxyType
-from typing import IO, Any
+from typing import IO, Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -84,7 +97,9 @@ from langchain_tag.learning.learned_prefilter import (
     FeatureHashing,
     HashedFeatures,
     LabelledExample,
+    SkippedPair,
 )
+from langchain_tag.learning.promise import StreamCounts
 from langchain_tag.matching.judge import Verdict
 from langchain_tag.models import without_password
 from langchain_tag.rules import Rule, Rulebook
@@ -96,6 +111,7 @@ __all__ = [
     "Retention",
     "RuleCounts",
     "SQLiteVerdictLog",
+    "SkipRecord",
     "VerdictLog",
     "VerdictLogStats",
     "VerdictLogWarning",
@@ -126,8 +142,8 @@ _STORE_ERRORS = frozenset({"OperationalError", "InterfaceError"})
 
 
 def _error_of(
-    insert: Callable[[Sequence[VerdictRecord]], None],
-    records: Sequence[VerdictRecord],
+    insert: Callable[[Sequence[LogRecord]], None],
+    records: Sequence[LogRecord],
 ) -> Exception | None:
     """The error of `insert(records)`, None when it passes."""
     try:
@@ -212,6 +228,57 @@ class VerdictRecord(BaseModel):
         return 1.0 if self.explore is None else 1.0 / self.explore
 
 
+class SkipRecord(BaseModel):
+    """A pair a learned prefilter skipped: a record without a verdict.
+
+    Kept apart from the verdicts (see the module docs): no reader of verdicts sees
+    it. A skipped pair that was explored has a verdict too (with its `explore`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: int | None = Field(default=None, description="Assigned by the log.")
+    input_digest: str = Field(min_length=1, description="SHA-256 of the input.")
+    text: str | None = Field(default=None, description="The input, if kept.")
+    features: HashedFeatures | None = Field(
+        default=None, description="The input's hashed features, if no text is kept."
+    )
+    rule_id: str = Field(min_length=1)
+    rule_hash: str = Field(min_length=1, description="`Rule.content_hash()`.")
+    skipped_yes: float = Field(
+        ge=0.0,
+        le=1.0,
+        description="P(YES | skipped) the model in force predicted for the rule "
+        "(`Screening.skipped_yes`).",
+    )
+    explore: float = Field(
+        ge=0.0, le=1.0, description="The rate skipped pairs were explored at."
+    )
+    created: float = Field(default_factory=time.time, description="Unix time.")
+
+    @classmethod
+    def of(
+        cls, text: str, rule: Rule, skipped_yes: float, *, explore: float
+    ) -> SkipRecord:
+        """The record of skipping `rule` for `text`."""
+        return cls(
+            input_digest=digest(text),
+            text=text,
+            rule_id=rule.rule_id,
+            rule_hash=rule.content_hash(),
+            skipped_yes=skipped_yes,
+            explore=explore,
+        )
+
+
+LogRecord = VerdictRecord | SkipRecord
+"""What the log writes: verdicts, and skip records."""
+
+_DEFERRED_AT_MOST = 1000
+"""Skip records waiting for the next write at most; past it they are written at
+once (only when the log writes nothing else for that long)."""
+
+
 class Retention(BaseModel):
     """How much of the log to keep."""
 
@@ -236,6 +303,7 @@ class VerdictLogStats(BaseModel):
     """What a verdict log holds."""
 
     verdicts: int
+    skipped: int = Field(default=0, description="Skip records (not verdicts).")
     inputs: int
     inputs_with_text: int
     inputs_hashed: int
@@ -306,8 +374,9 @@ class VerdictLog(abc.ABC):
         # Guards the fields below (never held during I/O).
         self._lock = threading.Lock()
         self._last_hashed: tuple[str, HashedFeatures] | None = None
-        # Records not written yet, oldest first, as appended (prepared at write).
-        self._pending: list[VerdictRecord] = []
+        # Records not written yet, oldest first, as appended (prepared at write):
+        # while the log fails, and skip records waiting for the next write.
+        self._pending: list[LogRecord] = []
         self._dropped = 0
         self._failing = False
         self._interval = retry_after
@@ -329,11 +398,57 @@ class VerdictLog(abc.ABC):
         """Async `record`; runs in a worker thread."""
         await asyncio.to_thread(self.record, text, rule, verdict, **fields)
 
-    def append(self, records: Iterable[VerdictRecord]) -> int:
+    def record_skipped(
+        self, text: str, skipped: Iterable[tuple[str, str, float]], *, explore: float
+    ) -> None:
+        """Remember the rules a learned prefilter skipped for `text`, without waiting.
+
+        The skip records (`SkipRecord`) wait in memory and are written with the
+        log's next write (usually the judge's verdicts on the same input), or at
+        `flush()` / `close()`; so shadow judging, which calls this while planning a
+        retrieval (on the event loop, for an async one), never waits on the store
+        (unless 1,000 of them wait, when this call writes them).
+
+        Args:
+            text: The input.
+            skipped: Each skipped rule as (rule id, content hash, P(YES | skipped)
+                under the model that skipped it): what `LearnedPrefilter.screen`
+                and `known_rules` say, so that no rule is hashed again here.
+            explore: The rate skipped pairs were explored at.
+
+        Raises:
+            PermissionError: The log was opened `read_only`.
+            ValueError: A P(YES | skipped) or `explore` is not in [0, 1].
+        """
+        self._refuse_if_read_only()
+        input_digest = digest(text)
+        batch = [
+            SkipRecord(
+                input_digest=input_digest,
+                text=text,
+                rule_id=rule_id,
+                rule_hash=rule_hash,
+                skipped_yes=rate,
+                explore=explore,
+            )
+            for rule_id, rule_hash, rate in skipped
+        ]
+        if not batch:
+            return
+        with self._lock:
+            failing = self._failing
+            overflow = self._enqueue(batch, front=False)
+            due = not failing and len(self._pending) >= _DEFERRED_AT_MOST
+        self._warn_overflow(overflow)
+        if due:
+            self.append([])
+
+    def append(self, records: Iterable[LogRecord]) -> int:
         """Append records in one transaction; returns how many it accepted.
 
         Under `store_text=False` a record's text is replaced by its hashed features
-        before anything is written. Nothing here raises into the caller:
+        before anything is written; skip records waiting for a write (see
+        `record_skipped`) are written first. Nothing here raises into the caller:
 
         - A write that fails warns once (`VerdictLogWarning`) and the records wait
           in memory (`pending`, at most `max_pending`). While the store fails, an
@@ -350,12 +465,17 @@ class VerdictLog(abc.ABC):
         """
         self._refuse_if_read_only()
         batch = list(records)
-        if not batch:
-            return 0
+        accepted = len(batch)
         with self._lock:
             failing = self._failing
-            overflow = self._enqueue(batch, front=False) if failing else 0
+            overflow = 0
+            if failing:
+                overflow = self._enqueue(batch, front=False)
+            else:  # what waits is skip records (or a write that failed just now)
+                batch[:0], self._pending = self._pending, []
         self._warn_overflow(overflow)
+        if not batch:
+            return 0
         if not failing:
             _, error = self._write_batch(batch, wait=True)
             if error is not None:
@@ -367,7 +487,7 @@ class VerdictLog(abc.ABC):
                     self._drain(wait=due)
             finally:
                 self._write_lock.release()
-        return len(batch)
+        return accepted
 
     def flush(self) -> int:
         """Write the records a failed write left in memory; returns how many.
@@ -387,7 +507,10 @@ class VerdictLog(abc.ABC):
 
     @property
     def pending(self) -> int:
-        """Records a failed write left in memory, to be written at the next write."""
+        """Records waiting in memory for the next write.
+
+        Those a failed write left, and skip records (`record_skipped`).
+        """
         with self._lock:
             return len(self._pending)
 
@@ -411,7 +534,7 @@ class VerdictLog(abc.ABC):
             )
             raise PermissionError(msg)
 
-    def _enqueue(self, records: Sequence[VerdictRecord], *, front: bool) -> int:
+    def _enqueue(self, records: Sequence[LogRecord], *, front: bool) -> int:
         """Add to the pending records (with `_lock` held), the oldest first.
 
         Past `max_pending` the oldest are dropped; returns how many to warn of (0
@@ -431,7 +554,7 @@ class VerdictLog(abc.ABC):
         self._overflow_warned = True
         return excess
 
-    def _requeue(self, records: Sequence[VerdictRecord]) -> None:
+    def _requeue(self, records: Sequence[LogRecord]) -> None:
         """Put records back before the pending ones (they are older)."""
         with self._lock:
             overflow = self._enqueue(records, front=True)
@@ -448,9 +571,7 @@ class VerdictLog(abc.ABC):
                 stacklevel=2,
             )
 
-    def _drop(
-        self, records: Sequence[tuple[VerdictRecord, Exception]], why: str
-    ) -> None:
+    def _drop(self, records: Sequence[tuple[LogRecord, Exception]], why: str) -> None:
         """Give up on records that can never be written, with a warning."""
         if not records:
             return
@@ -528,7 +649,7 @@ class VerdictLog(abc.ABC):
         return written, None
 
     def _write_batch(
-        self, batch: Sequence[VerdictRecord], *, wait: bool
+        self, batch: Sequence[LogRecord], *, wait: bool
     ) -> tuple[int, BaseException | None]:
         """Prepare and insert `batch`: how many were written, and the store's error.
 
@@ -536,8 +657,8 @@ class VerdictLog(abc.ABC):
         that cannot be prepared is dropped (see `_drop`); one that fails for want of
         memory may pass later: the batch is kept whole.
         """
-        ready: list[VerdictRecord] = []
-        unpreparable: list[tuple[VerdictRecord, Exception]] = []
+        ready: list[LogRecord] = []
+        unpreparable: list[tuple[LogRecord, Exception]] = []
         for record in batch:
             try:
                 ready.append(self._stored_form(record))
@@ -552,7 +673,7 @@ class VerdictLog(abc.ABC):
             self._drop(unpreparable, "cannot be prepared for the store")
 
     def _insert_batch(
-        self, records: list[VerdictRecord], *, wait: bool
+        self, records: list[LogRecord], *, wait: bool
     ) -> tuple[int, BaseException | None]:
         """Insert prepared records (see `_write_batch`).
 
@@ -577,9 +698,9 @@ class VerdictLog(abc.ABC):
 
     def _write_each(
         self,
-        records: list[VerdictRecord],
+        records: list[LogRecord],
         batch_error: Exception,
-        insert: Callable[[Sequence[VerdictRecord]], None],
+        insert: Callable[[Sequence[LogRecord]], None],
     ) -> tuple[int, BaseException | None]:
         """Insert one record at a time, after the batch failed with `batch_error`.
 
@@ -588,8 +709,8 @@ class VerdictLog(abc.ABC):
         itself fails, that record and the next stay pending: a failing store costs
         one more write and an empty one, not one per record.
         """
-        written: list[VerdictRecord] = []
-        rejected: list[tuple[VerdictRecord, Exception]] = []
+        written: list[LogRecord] = []
+        rejected: list[tuple[LogRecord, Exception]] = []
         works = False  # whether the store was seen to work
         error: Exception | None = None
         settled = 0  # records written or rejected, from the first
@@ -615,11 +736,11 @@ class VerdictLog(abc.ABC):
             self._drop(rejected, "the store rejects")
         return len(written), error
 
-    def _insert_at_once(self, records: Sequence[VerdictRecord]) -> None:
+    def _insert_at_once(self, records: Sequence[LogRecord]) -> None:
         """`_insert` without waiting on the store (see `_writes_at_once`)."""
         self._insert(records)
 
-    def _written(self, batch: Sequence[VerdictRecord]) -> None:
+    def _written(self, batch: Sequence[LogRecord]) -> None:
         """Bookkeeping after `batch` was written: pruning when due."""
         if not batch:
             return
@@ -639,11 +760,11 @@ class VerdictLog(abc.ABC):
                     error,
                 )
 
-    async def aappend(self, records: Iterable[VerdictRecord]) -> int:
+    async def aappend(self, records: Iterable[LogRecord]) -> int:
         """Async `append`; runs in a worker thread."""
         return await asyncio.to_thread(self.append, list(records))
 
-    def _stored_form(self, record: VerdictRecord) -> VerdictRecord:
+    def _stored_form(self, record: LogRecord) -> LogRecord:
         if self.store_text or record.text is None:
             return record
         # The judge logs one input against every rule in a row: hash it once.
@@ -684,50 +805,127 @@ class VerdictLog(abc.ABC):
                 return
             after = page[-1].id or after
 
+    def skips(self, *, after: int = 0) -> Iterator[SkipRecord]:
+        """The skip records with ids above `after`, oldest first (not verdicts).
+
+        Read a page at a time, as `records`; a log without the skip table (made
+        by an older release, read only) holds none.
+        """
+        while True:
+            page = self._skip_page(after, _PAGE)
+            yield from page
+            if len(page) < _PAGE:
+                return
+            after = page[-1].id or after
+
+    @overload
     def examples(
         self,
         rulebook: Rulebook | None = None,
         *,
         sources: Sequence[str] | None = DEFAULT_TRAINING_SOURCES,
         include_failed: bool = False,
-    ) -> Iterator[LabelledExample]:
-        """Training examples for `LearnedPrefilter.fit`, oldest first.
+        skipped: Literal[False] = False,
+    ) -> Iterator[LabelledExample]: ...
+
+    @overload
+    def examples(
+        self,
+        rulebook: Rulebook | None = None,
+        *,
+        sources: Sequence[str] | None = DEFAULT_TRAINING_SOURCES,
+        include_failed: bool = False,
+        skipped: Literal[True],
+    ) -> Iterator[LabelledExample | SkippedPair]: ...
+
+    def examples(
+        self,
+        rulebook: Rulebook | None = None,
+        *,
+        sources: Sequence[str] | None = DEFAULT_TRAINING_SOURCES,
+        include_failed: bool = False,
+        skipped: bool = False,
+    ) -> Iterator[LabelledExample | SkippedPair]:
+        """Training examples for `LearnedPrefilter.fit`, in order of last use.
 
         The last verdict on each (input, rule) counts; a shadow judgment weighs
         `1 / explore`. Left out: failed judgments (their NO is a policy, not a
         verdict) unless `include_failed`, sources not in `sources` (None: all),
         records whose input was pruned, and, given a rulebook, verdicts on rules it
         does not hold or on an older version of a rule (another content hash).
+
+        Args:
+            rulebook: Keep only the verdicts on its rules as they are now.
+            sources: Keep only the verdicts of these sources (None: all).
+            include_failed: Keep failed judgments too (as NO).
+            skipped: Also yield the skip records, as `SkippedPair`s (the last one
+                per pair, under the same rulebook and pruning rules), merged with
+                the verdicts by time: what a `Retrainer` trains on. False yields
+                verdicts only (`LabelledExample`), as every release did.
         """
         current = (
             None
             if rulebook is None
             else {rule.rule_id: rule.content_hash() for rule in rulebook.rules}
         )
+        stream: Iterable[LogRecord] = (
+            heapq.merge(self.records(), self.skips(), key=lambda r: r.created)
+            if skipped
+            else self.records()
+        )
         inputs: dict[str, str | HashedFeatures] = {}
-        latest: dict[tuple[str, str], tuple[bool, float]] = {}
-        for record in self.records():
-            if (
-                (record.error is not None and not include_failed)
-                or (sources is not None and record.source not in sources)
-                or (
-                    current is not None
-                    and current.get(record.rule_id) != record.rule_hash
-                )
+        # (input, rule, is a skip) -> (applies, weight) or P(YES | skipped); the
+        # order of last use.
+        latest: dict[tuple[str, str, bool], tuple[bool, float] | float] = {}
+        for record in stream:
+            value: tuple[bool, float] | float
+            if isinstance(record, VerdictRecord):
+                if (record.error is not None and not include_failed) or (
+                    sources is not None and record.source not in sources
+                ):
+                    continue
+                value = (record.applies, record.weight)
+            else:
+                value = record.skipped_yes
+            features = record.text if record.text is not None else record.features
+            if features is None or (
+                current is not None and current.get(record.rule_id) != record.rule_hash
             ):
                 continue
-            features = record.text if record.text is not None else record.features
-            if features is None:
-                continue
             inputs[record.input_digest] = features
-            key = (record.input_digest, record.rule_id)
+            key = (record.input_digest, record.rule_id, isinstance(value, float))
             latest.pop(key, None)
-            latest[key] = (record.applies, record.weight)
-        for (input_digest, rule_id), (applies, weight) in latest.items():
-            yield LabelledExample(inputs[input_digest], rule_id, applies, weight)
+            latest[key] = value
+        for (input_digest, rule_id, _), value in latest.items():
+            if isinstance(value, tuple):
+                yield LabelledExample(inputs[input_digest], rule_id, *value)
+            else:
+                yield SkippedPair(inputs[input_digest], rule_id, value)
+
+    @abc.abstractmethod
+    def stream_counts(
+        self,
+        *,
+        since: int = 0,
+        sources: Sequence[str] | None = DEFAULT_TRAINING_SOURCES,
+    ) -> StreamCounts:
+        """The stream so far, for the miss-budget controller (`StreamCounts`).
+
+        Every verdict and skip record the log holds counts (the last verdict per
+        pair, of `sources`, failed ones left out), whichever rule version it was
+        on: the promise is over the stream's YES verdicts.
+
+        Args:
+            since: A log position (the last training's): `recent_*` count the
+                verdicts after it.
+            sources: The verdicts that are applicability verdicts (None: all).
+        """
 
     def export(self, out: IO[str], *, rule_ids: Sequence[str] | None = None) -> int:
-        """Write the records as JSON lines, oldest first; returns how many."""
+        """Write the verdict records as JSON lines, oldest first; returns how many.
+
+        Verdicts only: skip records (`skips`) are no judgments.
+        """
         written = 0
         for record in self.records(rule_ids=rule_ids):
             out.write(record.model_dump_json() + "\n")
@@ -741,12 +939,16 @@ class VerdictLog(abc.ABC):
     # -- what a store implements ------------------------------------------------------
 
     @abc.abstractmethod
-    def _insert(self, records: Sequence[VerdictRecord]) -> None:
+    def _insert(self, records: Sequence[LogRecord]) -> None:
         """Write the records (and their inputs) in one transaction."""
 
     @abc.abstractmethod
     def _page(self, after: int, limit: int) -> list[VerdictRecord]:
         """Up to `limit` records with ids above `after`, by id."""
+
+    @abc.abstractmethod
+    def _skip_page(self, after: int, limit: int) -> list[SkipRecord]:
+        """Up to `limit` skip records with ids above `after`, by id."""
 
     @abc.abstractmethod
     def _prune(self, cutoff: float | None, max_rows: int | None) -> int:
@@ -762,7 +964,7 @@ class VerdictLog(abc.ABC):
 
     @abc.abstractmethod
     def clear(self) -> None:
-        """Delete every verdict and input."""
+        """Delete every verdict, skip record and input."""
 
     def close(self) -> None:
         """Write the pending records (see `flush`), then close the connection.
@@ -808,6 +1010,18 @@ _ADDED_COLUMNS = _VERDICT_COLUMNS[-1:]
 """Columns a log made by an older version may lack: nullable, added when opened."""
 _COLUMN_NAMES = tuple(name for name, _ in _VERDICT_COLUMNS)
 
+# The skip records' table (`{s}`), beside the verdicts: its columns after `id`,
+# each named as its `SkipRecord` field.
+_SKIP_COLUMNS = (
+    ("input_digest", "TEXT NOT NULL"),
+    ("rule_id", "TEXT NOT NULL"),
+    ("rule_hash", "TEXT NOT NULL"),
+    ("skipped_yes", "{real} NOT NULL"),
+    ("explore", "{real} NOT NULL"),
+    ("created", "{real} NOT NULL"),
+)
+_SKIP_NAMES = tuple(name for name, _ in _SKIP_COLUMNS)
+
 _SCHEMA = (
     (
         "CREATE TABLE IF NOT EXISTS {i} (digest TEXT PRIMARY KEY, text TEXT, "
@@ -818,6 +1032,11 @@ _SCHEMA = (
     + ")",
     "CREATE INDEX IF NOT EXISTS {t}_created ON {t} (created)",
     "CREATE INDEX IF NOT EXISTS {t}_input ON {t} (input_digest)",
+    "CREATE TABLE IF NOT EXISTS {s} (id {id}, "
+    + ", ".join(f"{name} {kind}" for name, kind in _SKIP_COLUMNS)
+    + ")",
+    "CREATE INDEX IF NOT EXISTS {s}_created ON {s} (created)",
+    "CREATE INDEX IF NOT EXISTS {s}_input ON {s} (input_digest)",
 )
 _ADD_COLUMN = "ALTER TABLE {t} ADD COLUMN "
 # The newest use keeps an input from being pruned as an orphan while its verdict is
@@ -833,6 +1052,27 @@ _INSERT_VERDICT = (
     f"INSERT INTO {{t}} ({', '.join(_COLUMN_NAMES)}) "  # noqa: S608
     f"VALUES ({', '.join('?' * len(_COLUMN_NAMES))})"
 )
+_INSERT_SKIP = (
+    f"INSERT INTO {{s}} ({', '.join(_SKIP_NAMES)}) "  # noqa: S608
+    f"VALUES ({', '.join('?' * len(_SKIP_NAMES))})"
+)
+_SKIP_PAGE = (
+    f"SELECT k.id, {', '.join(f'k.{name}' for name in _SKIP_NAMES)}, "  # noqa: S608
+    "i.text, i.features FROM {s} k LEFT JOIN {i} i ON i.digest = k.input_digest "
+    "WHERE k.id > ? ORDER BY k.id LIMIT ?"
+)
+_NO_SKIPS = (
+    "(SELECT id, "  # noqa: S608 - constant column names
+    + ", ".join(
+        name
+        if name in {"input_digest", "rule_id", "rule_hash", "created"}
+        else f"0.0 AS {name}"
+        for name in _SKIP_NAMES
+    )
+    + " FROM {t} WHERE 1 = 0)"
+)
+"""Stands for the skip table in a log read only that has none: no rows, the
+same columns (a subquery, so every use of `{s}` in a read names an alias)."""
 
 
 def _page_query(absent: frozenset[str] = frozenset()) -> str:
@@ -857,7 +1097,13 @@ _DELETE_BEYOND = (
 )
 _DELETE_ORPHANS = (
     "DELETE FROM {i} WHERE last_used <= ? AND NOT EXISTS "
-    "(SELECT 1 FROM {t} WHERE {t}.input_digest = {i}.digest)"
+    "(SELECT 1 FROM {t} WHERE {t}.input_digest = {i}.digest) AND NOT EXISTS "
+    "(SELECT 1 FROM {s} WHERE {s}.input_digest = {i}.digest)"
+)
+_DELETE_OLDER_SKIPS = "DELETE FROM {s} WHERE created < ?"
+# Skip records as old as the verdicts kept: the stream the log still holds.
+_DELETE_SKIPS_BEFORE_VERDICTS = (
+    "DELETE FROM {s} WHERE created < (SELECT MIN(created) FROM {t})"
 )
 _TOTALS = (
     "SELECT COUNT(*), COUNT(DISTINCT input_digest), COUNT(DISTINCT rule_id), "
@@ -880,8 +1126,36 @@ _PER_RULE = (
     "GROUP BY rule_id ORDER BY rule_id"
 )
 _COUNT = "SELECT COUNT(*) FROM {t}"
+_SKIP_COUNT = "SELECT COUNT(*) FROM {s} k"
 _POSITION = "SELECT COALESCE(MAX(id), 0) FROM {t}"
-_CLEAR = ("DELETE FROM {t}", "DELETE FROM {i}")
+_CLEAR = ("DELETE FROM {t}", "DELETE FROM {s}", "DELETE FROM {i}")
+
+# `stream_counts`: `{sources}` is the filter on the verdicts' source, `{latest}`
+# the last verdict of each pair (`_LATEST`).
+_LATEST = (
+    "SELECT v.input_digest, v.applies, v.explore FROM {t} v JOIN (SELECT "
+    "MAX(id) AS id FROM {t} WHERE error IS NULL{sources} GROUP BY input_digest, "
+    "rule_id) last ON last.id = v.id"
+)
+_STREAM_YES = (
+    "SELECT COALESCE(SUM(CASE WHEN l.applies AND l.explore IS NULL AND "
+    "k.input_digest IS NOT NULL THEN 1 ELSE 0 END), 0), "
+    "COALESCE(SUM(CASE WHEN l.applies AND l.explore IS NOT NULL THEN 1 ELSE 0 "
+    "END), 0), "
+    "COALESCE(SUM(CASE WHEN l.applies AND k.input_digest IS NULL THEN 1 ELSE 0 "
+    "END), 0) "
+    "FROM ({latest}) l LEFT JOIN (SELECT DISTINCT input_digest FROM {s} k) k "
+    "ON k.input_digest = l.input_digest"
+)
+_STREAM_SKIPS = (
+    "SELECT COUNT(DISTINCT input_digest), COALESCE(SUM(skipped_yes), 0), "
+    "COALESCE(SUM(skipped_yes * explore), 0) FROM {s} k"
+)
+_STREAM_INPUTS = (
+    "SELECT COUNT(*) FROM (SELECT input_digest FROM {t} WHERE error IS NULL"
+    "{sources} UNION SELECT input_digest FROM {s} k) u"
+)
+_STREAM_RECENT = "SELECT COUNT(*), COUNT(DISTINCT input_digest) FROM {t} WHERE id > ?"
 
 Statement = tuple[str, Sequence[Sequence[Any]]]
 """A statement template and the parameter rows to run it with."""
@@ -902,8 +1176,11 @@ class _SQLVerdictLog(VerdictLog):
         super().__init__(**kwargs)
         self.table = table
         self.inputs_table = f"{table}_inputs"
+        self.skipped_table = f"{table}_skipped"
         self.read_only = read_only
         self._page_template = _PAGE_QUERY
+        # False only for a log read only that was made before skip records.
+        self._has_skips = True
 
     def _check_tables(self) -> None:
         """For reading only: refuse a database without the log's tables.
@@ -951,6 +1228,7 @@ class _SQLVerdictLog(VerdictLog):
                     f"it has no column {', '.join(lacking)}"
                 )
                 raise MissingVerdictLogError(msg)
+        self._has_skips = bool(self._columns_of(self.skipped_table))
         return _page_query(frozenset(added - set(found[self.table])))
 
     @abc.abstractmethod
@@ -962,7 +1240,13 @@ class _SQLVerdictLog(VerdictLog):
         """The tables the database holds (where the log's would be), sorted."""
 
     def _sql(self, template: str) -> str:
-        return template.format(t=self.table, i=self.inputs_table, **self._types)
+        skips = self.skipped_table if self._has_skips else _NO_SKIPS
+        return template.format(
+            t=self.table,
+            i=self.inputs_table,
+            s=skips.format(t=self.table),
+            **self._types,
+        )
 
     @abc.abstractmethod
     def _execute(self, statements: Sequence[Statement]) -> list[int]:
@@ -975,7 +1259,7 @@ class _SQLVerdictLog(VerdictLog):
     def _query(self, template: str, parameters: Sequence[Any] = ()) -> list[Any]:
         """The rows of one query."""
 
-    def _insert(self, records: Sequence[VerdictRecord]) -> None:
+    def _insert(self, records: Sequence[LogRecord]) -> None:
         now = time.time()
         inputs = {
             r.input_digest: (
@@ -986,15 +1270,31 @@ class _SQLVerdictLog(VerdictLog):
             )
             for r in records
         }
-        verdicts = [tuple(getattr(r, name) for name in _COLUMN_NAMES) for r in records]
-        self._execute(
-            [(_UPSERT_INPUT, list(inputs.values())), (_INSERT_VERDICT, verdicts)]
-        )
+        verdicts = [
+            tuple(getattr(r, name) for name in _COLUMN_NAMES)
+            for r in records
+            if isinstance(r, VerdictRecord)
+        ]
+        skips = [
+            tuple(getattr(r, name) for name in _SKIP_NAMES)
+            for r in records
+            if isinstance(r, SkipRecord)
+        ]
+        statements: list[Statement] = [
+            (_UPSERT_INPUT, list(inputs.values())),
+            (_INSERT_VERDICT, verdicts),
+        ]
+        if skips:
+            statements.append((_INSERT_SKIP, skips))
+        self._execute(statements)
 
     def _page(self, after: int, limit: int) -> list[VerdictRecord]:
         return [
             _record(row) for row in self._query(self._page_template, (after, limit))
         ]
+
+    def _skip_page(self, after: int, limit: int) -> list[SkipRecord]:
+        return [_skip_record(row) for row in self._query(_SKIP_PAGE, (after, limit))]
 
     def _prune(self, cutoff: float | None, max_rows: int | None) -> int:
         statements: list[Statement] = []
@@ -1004,15 +1304,56 @@ class _SQLVerdictLog(VerdictLog):
             statements.append((_DELETE_BEYOND, [(max_rows,)]))
         if not statements:
             return 0
+        deleted = len(statements)
+        if cutoff is not None:
+            statements.append((_DELETE_OLDER_SKIPS, [(cutoff,)]))
+        if max_rows is not None:
+            statements.append((_DELETE_SKIPS_BEFORE_VERDICTS, [()]))
         statements.append((_DELETE_ORPHANS, [(time.time() - self.orphan_grace,)]))
-        return sum(self._execute(statements)[:-1])
+        return sum(self._execute(statements)[:deleted])
+
+    def stream_counts(
+        self,
+        *,
+        since: int = 0,
+        sources: Sequence[str] | None = DEFAULT_TRAINING_SOURCES,
+    ) -> StreamCounts:
+        """See `VerdictLog.stream_counts`; a few aggregate queries."""
+        chosen = () if sources is None else tuple(sources)
+        where = (
+            ""
+            if sources is None
+            else f" AND source IN ({', '.join('?' * len(chosen))})"
+            if chosen
+            else " AND 1 = 0"
+        )
+        latest = _LATEST.replace("{sources}", where)
+        ((kept, shadow, warm_yes),) = self._query(
+            _STREAM_YES.replace("{latest}", latest), chosen
+        )
+        ((screened, predicted, explored),) = self._query(_STREAM_SKIPS)
+        ((inputs,),) = self._query(_STREAM_INPUTS.replace("{sources}", where), chosen)
+        ((recent, recent_inputs),) = self._query(_STREAM_RECENT, (since,))
+        return StreamCounts(
+            inputs=int(inputs),
+            warm_inputs=max(0, int(inputs) - int(screened)),
+            warm_yes=int(warm_yes),
+            kept_yes=int(kept),
+            shadow_yes=int(shadow),
+            predicted_misses=float(predicted),
+            explored_misses=float(explored),
+            recent_inputs=int(recent_inputs),
+            recent_verdicts=int(recent),
+        )
 
     def stats(self) -> VerdictLogStats:
         """Counts of what the log holds."""
         (totals,) = self._query(_TOTALS)
         (stored,) = self._query(_STORED)
+        ((skipped,),) = self._query(_SKIP_COUNT)
         return VerdictLogStats(
             verdicts=totals[0],
+            skipped=skipped,
             inputs=totals[1],
             inputs_with_text=stored[0],
             inputs_hashed=stored[1],
@@ -1043,6 +1384,19 @@ class _SQLVerdictLog(VerdictLog):
         """Delete every verdict and input."""
         self._refuse_if_read_only()
         self._execute([(template, [()]) for template in _CLEAR])
+
+
+def _skip_record(row: Sequence[Any]) -> SkipRecord:
+    """The skip record of a `_SKIP_PAGE` row: id, the columns, text, features."""
+    id_, *columns, text, features = row
+    return SkipRecord(
+        **dict(zip(_SKIP_NAMES, columns, strict=True)),
+        id=id_,
+        text=text,
+        features=None
+        if features is None
+        else HashedFeatures.model_validate_json(features),
+    )
 
 
 def _record(row: Sequence[Any]) -> VerdictRecord:
@@ -1148,7 +1502,7 @@ class SQLiteVerdictLog(_SQLVerdictLog):
 
     _writes_at_once = True
 
-    def _insert_at_once(self, records: Sequence[VerdictRecord]) -> None:
+    def _insert_at_once(self, records: Sequence[LogRecord]) -> None:
         """`_insert` with no busy timeout: "database is locked" at once if it is."""
         conn = self._connections.get()
         conn.execute("PRAGMA busy_timeout=0")

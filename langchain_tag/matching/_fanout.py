@@ -2,8 +2,9 @@
 
 What the judgments of one fan-out share travels in a context variable (`_FAN_OUT`,
 set in each judgment's own context copy): the concurrency limiter whose pauses they
-wait out, the event that stops them once one failed for good (sync fan-outs), and
-the exploration rates of the rules drawn for shadow judging.
+wait out, the judgment's slot of it (given back while it waits out a rate limit),
+the event that stops them once one failed for good (sync fan-outs), and the
+exploration rates of the rules drawn for shadow judging.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from langchain_tag.errors import TAGError
 from langchain_tag.models import ONE_ATTEMPT, CallRetry, is_rate_limit
 
 if TYPE_CHECKING:
-    from langchain_tag.matching.limiter import ConcurrencyLimiter
+    from langchain_tag.matching.limiter import ConcurrencyLimiter, Slot
     from langchain_tag.matching.verdicts import Verdict
     from langchain_tag.rules import Rule
 
@@ -40,6 +41,8 @@ class _FanOut:
     """What the judgments of one fan-out share, seen from inside a judgment."""
 
     limiter: ConcurrencyLimiter
+    slot: Slot
+    """The judgment's slot of `limiter`: given back while it waits out a rate limit."""
     failed: threading.Event | None = None
     """Sync fan-outs: set once a judgment failed for good (stop the others)."""
     explored: Mapping[str, float] = field(default_factory=dict)
@@ -68,18 +71,43 @@ def explore_rate(rule_id: str) -> float | None:
 
 
 # Retry hooks. `tag_waited_until` on the retry state: the end of the pause this
-# judgment has just slept through, so it waits only for a later one.
+# judgment has just slept through, so it waits only for a later one. After the
+# pause, a judgment whose slot is beyond the bound as lowered meanwhile gives it
+# back and queues again: only the calls the bound now allows go out.
 def _before_attempt(state: RetryCallState) -> None:
     _give_up_if_abandoned()
     fan_out = _FAN_OUT.get()
-    if fan_out is not None:
+    if fan_out is None:
+        return
+    while True:
+        if not fan_out.slot.held:
+            fan_out.slot.take()
+            _give_up_if_abandoned()
         fan_out.limiter.wait_turn(getattr(state, "tag_waited_until", None))
+        if not fan_out.slot.over_bound:
+            return
+        fan_out.slot.give_back()
 
 
 async def _abefore_attempt(state: RetryCallState) -> None:
     fan_out = _FAN_OUT.get()
-    if fan_out is not None:
+    if fan_out is None:
+        return
+    while True:
+        if not fan_out.slot.held:
+            await fan_out.slot.atake()
         await fan_out.limiter.await_turn(getattr(state, "tag_waited_until", None))
+        if not fan_out.slot.over_bound:
+            return
+        fan_out.slot.give_back()
+
+
+def _before_sleep(state: RetryCallState) -> None:
+    # A rate-limited judgment waits without its slot: after the pause only the
+    # calls the lowered bound allows go out, not every judgment that was waiting.
+    fan_out = _FAN_OUT.get()
+    if fan_out is not None and is_rate_limit(_error(state)):
+        fan_out.slot.give_back()
 
 
 def succeeded() -> None:
@@ -89,13 +117,18 @@ def succeeded() -> None:
         fan_out.limiter.succeeded()
 
 
+def _error(state: RetryCallState) -> BaseException | None:
+    return state.outcome.exception() if state.outcome is not None else None
+
+
 def _wait(retry: CallRetry, state: RetryCallState) -> float:
-    error = state.outcome.exception() if state.outcome is not None else None
+    error = _error(state)
     delay = retry.delay(state.attempt_number, error)
     fan_out = _FAN_OUT.get()
     if fan_out is not None:
         # This judgment sleeps `delay` now; before its next attempt it waits only
-        # for what a pause of the fan-out adds beyond that.
+        # for what a pause of the fan-out adds beyond that. A shortage of capacity
+        # (a flex tier's 429) is no rate limit: no pause, no lowered bound.
         state.tag_waited_until = fan_out.limiter.back_off(  # type: ignore[attr-defined]
             delay, rate_limited=is_rate_limit(error)
         )
@@ -107,13 +140,16 @@ def retrying(retry: CallRetry | None, kind: type[RetryingT]) -> RetryingT:
 
     Before each attempt a judgment waits out the fan-out's shared pause (after a
     rate limit, all wait; under on_error="raise" a sibling's failure ends a sync
-    fan-out); a wait the provider asks for (`Retry-After`) is honoured.
+    fan-out); a wait the provider asks for (`Retry-After`) is honoured. A judgment
+    rate limited gives back its slot while it waits, and takes one again under the
+    lowered bound before its next attempt.
     """
     policy = retry or ONE_ATTEMPT
     return policy.retrying(
         kind,
         wait=functools.partial(_wait, policy),
         before=_abefore_attempt if kind is AsyncRetrying else _before_attempt,
+        before_sleep=_before_sleep,
     )
 
 
@@ -150,9 +186,9 @@ def in_threads(
     lock = threading.Lock()
 
     def judge_one(unit: Unit) -> list[Verdict]:
-        with limiter.hold():
+        with limiter.hold() as slot:
             # In this task's own copy of the context.
-            _FAN_OUT.set(_FanOut(limiter, failed, explored))
+            _FAN_OUT.set(_FanOut(limiter, slot, failed, explored))
             _give_up_if_abandoned()
             try:
                 return judge_unit(unit)
@@ -220,8 +256,9 @@ async def in_tasks(
 
     async def judge_one(unit: Unit) -> list[Verdict]:
         # The slot is taken before any work, so queued judgments cost nothing.
-        async with limiter.ahold():
-            _FAN_OUT.set(_FanOut(limiter, None, explored))  # a task's context copy
+        async with limiter.ahold() as slot:
+            # In this task's own copy of the context.
+            _FAN_OUT.set(_FanOut(limiter, slot, None, explored))
             return await ajudge_unit(unit)
 
     tasks = [asyncio.ensure_future(judge_one(unit)) for unit in units]

@@ -52,6 +52,7 @@ from langchain_tag.matching.verdicts import (
     UnreliableMatchWarning,
     Verdict,
     VerdictSink,
+    failure_kind,
     warn_failures,
 )
 from langchain_tag.models import (
@@ -217,8 +218,9 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
             config: Callbacks, tags and metadata for the judgments' runs.
             limiter: Caps judgments in progress; a shared limiter caps them across
                 concurrent calls. Defaults to `config["max_concurrency"]`. A judgment
-                holds its slot through its retries, so backing off also slows the
-                pace against a rate-limited API.
+                holds its slot through its retries, except while it waits out a
+                rate limit: then it gives the slot back and queues again under the
+                lowered bound, so after a pause only the calls allowed go out.
             explored: Rule id -> the exploration rate at which the rule was drawn
                 for shadow judging; the verdict log marks those verdicts with it.
             warn: Emit `UnreliableMatchWarning` for failed verdicts; a caller that
@@ -471,6 +473,55 @@ class ApplicabilityJudge(BaseJudge):
             ),
         ]
 
+    @property
+    def calls(self) -> StructuredFallback:
+        """How a judgment calls its model, for rendering the same call elsewhere.
+
+        `calls.llm` is the configured copy (temperature, logprobs, client retries
+        off); `calls.structured(asked_profile.output_schema)` the structured call,
+        or None when the judgment is a text call.
+        """
+        return self._calls
+
+    def remember_answers(
+        self,
+        answers: Sequence[tuple[str, Rule, Any]],
+        explored: Mapping[tuple[str, str], float] | None = None,
+    ) -> list[Verdict | None]:
+        """Read, cache and log answers to `messages(text, rule)` obtained elsewhere.
+
+        For answers that did not come through `invoke` (OpenAI's Batch API, say):
+        each `(text, rule, output)`, `output` being what the call returns (the
+        structured mapping or the message), is read as a judgment reads its call's
+        output, cached in one write and logged with the same fields. An answer that
+        gives no verdict is None, neither cached nor logged: judge that pair again.
+
+        Args:
+            answers: `(text, rule, output)` per answer.
+            explored: `(text, rule id)` -> the rate at which a learned prefilter's
+                shadow judging drew the pair; the log marks those verdicts with it,
+                as a fan-out's `explored` does.
+        """
+        explored = explored or {}
+        read: list[Verdict | None] = []
+        for _, rule, output in answers:
+            try:
+                verdict: Verdict | None = self._read(rule, output)
+            except JudgmentError:
+                verdict = None
+            read.append(None if verdict is None or verdict.failed else verdict)
+        kept = [
+            (text, rule, verdict)
+            for (text, rule, _), verdict in zip(answers, read, strict=True)
+            if verdict is not None
+        ]
+        if self.cache is not None:
+            keys = [self.cache_key(text, rule) for text, rule, _ in kept]
+            self.cache.mset(self._stored(keys, [verdict for *_, verdict in kept]))
+        for text, rule, verdict in kept:
+            self._logged(text, rule, verdict, explored.get((text, rule.rule_id)))
+        return read
+
     def prefix_share(self, text: str, rules: Sequence[Rule]) -> float:
         """Share of prompt characters that all judgments of `text` have in common.
 
@@ -566,11 +617,10 @@ class ApplicabilityJudge(BaseJudge):
         if isinstance(error, _fanout.Abandoned):
             raise error
         attempts = retrying.statistics.get("attempt_number", 1)
-        transient = (self.retry or ONE_ATTEMPT).is_transient(error)
         return self._failed(
             rule,
             f"{describe_error(error)} (after {attempts} attempt(s))",
-            kind="transient" if transient else "permanent",
+            kind=failure_kind(error, self.retry or ONE_ATTEMPT),
         )
 
     # -- the cache and the log: the pure parts shared by the sync and async paths --
@@ -624,7 +674,7 @@ class ApplicabilityJudge(BaseJudge):
         if self.cache is not None:
             await self.cache.amset(self._stored(self._keys(text, rules), verdicts))
 
-    def _log_fields(self, rule: Rule) -> dict[str, Any]:
+    def _log_fields(self, rule: Rule, explore: float | None = None) -> dict[str, Any]:
         return {
             "model": self._identity,
             "prompt_version": (
@@ -634,12 +684,17 @@ class ApplicabilityJudge(BaseJudge):
             ),
             "profile": self.profile.name,
             "source": self.log_source,
-            "explore": _fanout.explore_rate(rule.rule_id),
+            "explore": (
+                _fanout.explore_rate(rule.rule_id) if explore is None else explore
+            ),
         }
 
-    def _logged(self, text: str, rule: Rule, verdict: Verdict) -> Verdict:
+    def _logged(
+        self, text: str, rule: Rule, verdict: Verdict, explore: float | None = None
+    ) -> Verdict:
         if self.verdict_log is not None:
-            self.verdict_log.record(text, rule, verdict, **self._log_fields(rule))
+            fields = self._log_fields(rule, explore)
+            self.verdict_log.record(text, rule, verdict, **fields)
         return verdict
 
     async def _alogged(self, text: str, rule: Rule, verdict: Verdict) -> Verdict:

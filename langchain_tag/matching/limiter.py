@@ -8,7 +8,9 @@ It also reacts to the provider's rate limit, for every caller at once: after a 4
 every judgment waits out one shared pause (instead of each retrying on its own
 clock), and the number of calls in flight is halved, then grows back by one per
 round of successes (additive increase, multiplicative decrease), never above the
-bound.
+bound. A caller that was rate limited gives its slot back while it waits and
+queues again, ahead of callers that have not started, so that after the pause only
+the calls now allowed go out.
 
 Ours rather than `langchain_core.rate_limiters.InMemoryRateLimiter`: that one paces
 requests per second; this one bounds calls in flight and backs off on the
@@ -22,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager, nullcontext
+from contextlib import asynccontextmanager, contextmanager
 
 
 class ConcurrencyLimiter:
@@ -31,7 +33,8 @@ class ConcurrencyLimiter:
     One count of slots is shared by every caller: threads wait on a condition,
     coroutines (in any event loop) on a future that a releasing caller completes
     through the loop's thread-safe callback. A freed slot goes to a waiting
-    coroutine first, else to a waiting thread.
+    coroutine first, else to a waiting thread; among each, a caller taking its slot
+    back after a rate limit goes first.
     """
 
     def __init__(
@@ -56,6 +59,8 @@ class ConcurrencyLimiter:
         self._freed = threading.Condition(self._lock)
         self._in_use = 0
         self._allowed = float(limit) if limit is not None else 0.0
+        self._returning = 0
+        """Threads waiting to take their slot back (newcomers let them go first)."""
         self._resume_at = 0.0
         self._waiting: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]
         self._waiting = deque()
@@ -85,7 +90,9 @@ class ConcurrencyLimiter:
         """A call failed and its caller waits `delay` before trying again.
 
         A rate limit pauses every caller that long (the latest pause wins) and
-        halves the calls allowed in flight.
+        halves the calls allowed in flight. Each one does: a provider limited by
+        requests per second refuses a burst whatever the bound, and a pause's end
+        frees little of it, so the bound drops fast and grows back by successes.
 
         Returns:
             When the caller's own wait ends (`time.monotonic()` time), to pass to
@@ -137,45 +144,53 @@ class ConcurrencyLimiter:
             await asyncio.sleep(remaining)
 
     def _remaining(self, after: float | None) -> float:
-        resume_at = self.resume_at
-        return resume_at - (time.monotonic() if after is None else after)
+        now = time.monotonic()
+        # Not before `after`: a caller's own wait may run on another clock.
+        return self.resume_at - (now if after is None else max(now, after))
 
     # -- slots ------------------------------------------------------------------------
 
     @contextmanager
-    def hold(self) -> Iterator[None]:
+    def hold(self) -> Iterator[Slot]:
         """Hold one slot (of each bound) in a thread, blocking until one is free."""
-        with self._hold(), self.within.hold() if self.within else nullcontext():
-            yield
-
-    @asynccontextmanager
-    async def ahold(self) -> AsyncIterator[None]:
-        """Hold one slot (of each bound) in the running event loop."""
-        async with (
-            self._ahold(),
-            self.within.ahold() if self.within else nullcontext(),
-        ):
-            yield
-
-    @contextmanager
-    def _hold(self) -> Iterator[None]:
-        if self.limit is None:
-            yield
-            return
-        with self._freed:
-            while self._in_use >= self._capacity():
-                self._freed.wait()
-            self._in_use += 1
+        slot = Slot(self)
+        slot.take()
         try:
-            yield
+            yield slot
         finally:
-            self._release()
+            slot.give_back()
 
     @asynccontextmanager
-    async def _ahold(self) -> AsyncIterator[None]:
-        if self.limit is None:
-            yield
-            return
+    async def ahold(self) -> AsyncIterator[Slot]:
+        """Hold one slot (of each bound) in the running event loop."""
+        slot = Slot(self)
+        await slot.atake()
+        try:
+            yield slot
+        finally:
+            slot.give_back()
+
+    def _capacity(self) -> int:
+        return self.allowed or 0
+
+    def _acquire(self, *, returning: bool) -> None:
+        """Take a slot of this limiter in a thread, waiting until one is free."""
+        with self._freed:
+            if returning:
+                self._returning += 1
+            try:
+                while self._in_use >= self._capacity() or (
+                    self._returning and not returning
+                ):
+                    self._freed.wait()
+            finally:
+                if returning:
+                    self._returning -= 1
+                    self._freed.notify_all()  # newcomers may be next
+            self._in_use += 1
+
+    async def _aacquire(self, *, returning: bool) -> None:
+        """Take a slot of this limiter in the running event loop."""
         loop = asyncio.get_running_loop()
         with self._lock:
             granted = self._in_use < self._capacity() and not self._waiting
@@ -183,20 +198,16 @@ class ConcurrencyLimiter:
                 self._in_use += 1
             else:
                 future: asyncio.Future[None] = loop.create_future()
-                self._waiting.append((loop, future))
+                if returning:
+                    self._waiting.appendleft((loop, future))
+                else:
+                    self._waiting.append((loop, future))
         if not granted:
             try:
                 await future
             except asyncio.CancelledError:
                 self._abandon(loop, future)
                 raise
-        try:
-            yield
-        finally:
-            self._release()
-
-    def _capacity(self) -> int:
-        return self.allowed or 0
 
     def _abandon(
         self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]
@@ -234,3 +245,61 @@ class ConcurrencyLimiter:
             self._release()
         else:
             future.set_result(None)
+
+
+class Slot:
+    """One caller's place under a limiter and the limiters it is within.
+
+    `hold()` and `ahold()` take it and give it back when their block ends. In
+    between, a caller backing off after a rate limit gives it back (`give_back`)
+    and takes it again (`take`, `atake`) under the bound as it is then, ahead of
+    callers that have not started: a judgment would otherwise keep its slot through
+    its retries, and halving the bound would not lower the calls in flight.
+    """
+
+    def __init__(self, limiter: ConcurrencyLimiter) -> None:
+        """A slot of `limiter` (and those it is within), not taken yet."""
+        chain = limiter._chain()  # noqa: SLF001 - the slot's own limiters
+        self._bounded = [limiter for limiter in chain if limiter.limit is not None]
+        self._held: list[ConcurrencyLimiter] = []
+        self._taken_before = False
+
+    @property
+    def held(self) -> bool:
+        """Whether the slot is held (of every bound)."""
+        return len(self._held) == len(self._bounded)
+
+    def take(self) -> None:
+        """Take the slot in a thread, blocking until every bound has one free."""
+        try:
+            for limiter in self._bounded[len(self._held) :]:
+                limiter._acquire(returning=self._taken_before)  # noqa: SLF001
+                self._held.append(limiter)
+        except BaseException:
+            self.give_back()
+            raise
+        self._taken_before = True
+
+    async def atake(self) -> None:
+        """Take the slot in the running event loop (cancellation leaves none held)."""
+        try:
+            for limiter in self._bounded[len(self._held) :]:
+                await limiter._aacquire(returning=self._taken_before)  # noqa: SLF001
+                self._held.append(limiter)
+        except BaseException:
+            self.give_back()
+            raise
+        self._taken_before = True
+
+    @property
+    def over_bound(self) -> bool:
+        """Whether more slots are taken than a bound allows now (it was lowered)."""
+        return any(
+            limiter._in_use > limiter._capacity()  # noqa: SLF001
+            for limiter in self._bounded
+        )
+
+    def give_back(self) -> None:
+        """Give back what is held (the shared bounds first); held again by `take`."""
+        while self._held:
+            self._held.pop()._release()  # noqa: SLF001

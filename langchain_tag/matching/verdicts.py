@@ -9,7 +9,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_tag.errors import TAGError
-from langchain_tag.models import CallRetry
+from langchain_tag.models import CallRetry, is_capacity_shortage
 from langchain_tag.rules import Rule
 
 __all__ = [
@@ -64,18 +64,28 @@ class Verdict(BaseModel):
         return 1.0 if self.score is None else self.score
 
 
-FailureKind = Literal["transient", "unreadable", "permanent"]
+FailureKind = Literal["transient", "capacity", "unreadable", "permanent"]
 """Why a judgment failed, which decides what helps: `transient` (a rate limit, a
-timeout: try again later), `unreadable` (the judge answered, but no verdict could be
+timeout: try again later), `capacity` (the provider was short of capacity, as
+OpenAI's flex tier answers with a 429 "resource unavailable": try again later, or
+on the standard tier), `unreadable` (the judge answered, but no verdict could be
 read from the answer: at temperature 0 asking again gives the same answer, so only
 another model helps), `permanent` (anything else: asking again fails the same way)."""
 
 
-def failure_kind(error: BaseException) -> FailureKind:
-    """The kind of `error`: a `JudgmentError`'s own, else transient or permanent."""
+def failure_kind(error: BaseException, retry: CallRetry | None = None) -> FailureKind:
+    """The kind of `error`: a `JudgmentError`'s own, else read from the error.
+
+    Args:
+        error: The failure.
+        retry: The policy that gave up on it, whose `retry_on` says what else is
+            transient; default `CallRetry()`.
+    """
     if isinstance(error, JudgmentError):
         return error.kind
-    return "transient" if CallRetry().is_transient(error) else "permanent"
+    if is_capacity_shortage(error):
+        return "capacity"
+    return "transient" if (retry or CallRetry()).is_transient(error) else "permanent"
 
 
 def advice(
@@ -100,6 +110,12 @@ def advice(
     """
     if kind == "transient":
         said = f"the failure is transient (a rate limit or a timeout): {retry_hint}"
+    elif kind == "capacity":
+        said = (
+            "the provider was short of capacity (a 429 'resource unavailable', as "
+            "OpenAI's flex tier answers; not a rate limit, and not billed): "
+            f"{retry_hint}, or use the standard tier"
+        )
     elif kind == "unreadable":
         said = (
             "the answer could not be read, and at temperature 0 asking again gives "
@@ -119,7 +135,8 @@ class JudgmentError(TAGError, RuntimeError):
     """A judgment failed after its retries under `on_error="raise"`.
 
     `kind` tells why (`FailureKind`), which decides what helps: `transient` (a
-    rate limit, a timeout) is worth retrying later, so an outer retry, such as a
+    rate limit, a timeout) and `capacity` (the provider short of capacity, as the
+    flex tier can be) are worth retrying later, so an outer retry, such as a
     LangGraph node's, may try again; `unreadable` (the judge's answer gave no
     verdict) comes again at temperature 0, so only another model helps;
     `permanent` fails the same way again. The message advises accordingly.
@@ -154,12 +171,12 @@ class JudgmentError(TAGError, RuntimeError):
 
     @property
     def transient(self) -> bool:
-        """Whether the failure is worth retrying later (a rate limit, a timeout).
+        """Whether the failure is worth retrying later (`transient`, `capacity`).
 
         `models.CallRetry.is_transient` reads it, so that an outer retry may try a
         transient failure again.
         """
-        return self.kind == "transient"
+        return self.kind in ("transient", "capacity")
 
     @property
     def unreadable(self) -> bool:

@@ -11,10 +11,13 @@
 - `embeddings`: `HashingFakeEmbeddings`.
 - `npov`: `NPOVFakeChatModel`, judge, NPOV executor and VFR judge from known pairs.
 - `server`: `FakeOpenAIServer`, an OpenAI-compatible HTTP endpoint on loopback.
+- `batch_server`: `FakeBatchServer`, OpenAI's Files and Batch APIs (and chat
+  completions) on loopback, batches run by `BatchScript`.
 - `notebook`: `notebook_model()`, the notebooks' real-or-fake model.
 """
 
 from langchain_tag.testing.agents import ToolLoopFakeChatModel
+from langchain_tag.testing.batch_server import BatchScript, FakeBatchServer
 from langchain_tag.testing.embeddings import HashingFakeEmbeddings
 from langchain_tag.testing.extraction import (
     ExtractionFakeChatModel,
@@ -40,7 +43,9 @@ from langchain_tag.testing.server import FakeOpenAIServer, Refusal
 
 __all__ = [
     "OFFLINE_NOTE",
+    "BatchScript",
     "ExtractionFakeChatModel",
+    "FakeBatchServer",
     "FakeClock",
     "FakeOpenAIServer",
     "Fault",

@@ -3,12 +3,14 @@
 `ScriptedFakeChatModel` is the base of the fake chat models. `FaultSchedule` makes
 any of them fail by call number or for a while, `TransientFakeError` is the error a
 rate-limited or overloaded provider raises, and `FakeClock` lets retries and
-backoff run without waiting.
+backoff run without waiting. With `report_usage` a fake reports its tokens as a
+provider does, cached prompt prefixes included (`prompt_caching`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
 import time
@@ -29,6 +31,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field, PrivateAttr
 
 from langchain_tag._text import digest
+from langchain_tag.usage import PromptCaching, SimulatedPromptCache
 
 Fault = BaseException | str | None
 """An exception to raise, a text to answer instead, or None for a normal answer."""
@@ -144,6 +147,13 @@ class ScriptedFakeChatModel(BaseChatModel):
     """If set, one line per finished call (prompt digest, time, first prompt line)
     is appended and flushed to this file, so a test can count calls across a
     process that was killed."""
+    report_usage: bool = False
+    """Report `usage_metadata` and the model name as providers do: a token per 4
+    characters (rounded up) of the prompt and of the answer."""
+    prompt_caching: PromptCaching | None = None
+    """With `report_usage`: also report `input_token_details.cache_read`, the
+    prefix each prompt shares with an earlier one, as this provider model caches
+    it (`SimulatedPromptCache`, one call at a time)."""
 
     _llm_name: ClassVar[str] = "scripted-fake"
     """The fake's `_llm_type`, e.g. `rule-aware-fake`."""
@@ -159,6 +169,13 @@ class ScriptedFakeChatModel(BaseChatModel):
         default_factory=lambda: defaultdict(int)
     )
     _outage_began: dict[int, float] = PrivateAttr(default_factory=dict)
+    _prompt_cache: SimulatedPromptCache | None = PrivateAttr(default=None)
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Start the prompt cache: the provider's, shared by copies, kept by `reset`."""
+        super().model_post_init(context)
+        if self.prompt_caching is not None:
+            self._prompt_cache = SimulatedPromptCache(self.prompt_caching, _tokens)
 
     @property
     def _llm_type(self) -> str:
@@ -250,6 +267,8 @@ class ScriptedFakeChatModel(BaseChatModel):
             if isinstance(fault, str)
             else self._reply(messages, prompt)
         )
+        if self.report_usage:
+            message = self._metered(message, prompt)
         if self.call_log is not None:
             first_line = prompt.splitlines()[0][:60]
             with self._lock, self.call_log.open("a", encoding="utf-8") as log:
@@ -257,6 +276,23 @@ class ScriptedFakeChatModel(BaseChatModel):
                 log.flush()
                 os.fsync(log.fileno())
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _metered(self, message: AIMessage, prompt: str) -> AIMessage:
+        """`message` with the usage a provider would report for `prompt`."""
+        input_tokens, output_tokens = _tokens(prompt), _tokens(message.text)
+        usage: dict[str, Any] = {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+        }
+        if self._prompt_cache is not None:
+            with self._lock:
+                cached = self._prompt_cache.send(prompt)
+            usage["input_token_details"] = {"cache_read": min(cached, input_tokens)}
+        metadata = {**message.response_metadata, "model_name": self._llm_name}
+        return message.model_copy(
+            update={"usage_metadata": usage, "response_metadata": metadata}
+        )
 
     def _leave(self) -> None:
         with self._lock:
@@ -299,3 +335,8 @@ class ScriptedFakeChatModel(BaseChatModel):
             return self._respond(messages, prompt, fault)
         finally:
             self._leave()
+
+
+def _tokens(text: str) -> int:
+    """A fake provider's token count: 4 characters a token, rounded up."""
+    return math.ceil(len(text) / 4)

@@ -15,11 +15,29 @@ from typing_extensions import Self
 
 @dataclass(frozen=True)
 class Refusal:
-    """An HTTP error `FakeOpenAIServer` sends instead of an answer."""
+    """An HTTP error `FakeOpenAIServer` sends instead of an answer.
+
+    The body is OpenAI's error object: `{"error": {"message", "type", "code"}}`.
+    The default is a rate limit; `Refusal.resource_unavailable()` is what the
+    flex tier answers when it is short of capacity.
+    """
 
     status: int = 429
     headers: Mapping[str, str] = field(default_factory=lambda: {"retry-after": "0"})
     message: str = "Rate limit reached; slow down."
+    code: str | None = None
+    """The error's `code` (OpenAI's rate limits say `rate_limit_exceeded`)."""
+    error_type: str = "refused"
+    """The error's `type`."""
+
+    @classmethod
+    def resource_unavailable(cls, headers: Mapping[str, str] | None = None) -> Refusal:
+        """The flex tier's 429 when it is short of capacity (no `retry-after`)."""
+        return cls(
+            headers=headers or {},
+            message="Resource unavailable: flex processing is short of capacity.",
+            code="resource_unavailable",
+        )
 
 
 class FakeOpenAIServer:
@@ -55,7 +73,12 @@ class FakeOpenAIServer:
         self.refuse = refuse
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer((host, port), self._handler())
+        # socketserver's backlog of 5 would leave a burst of concurrent calls
+        # waiting for the kernel's SYN retry (a second or more): not the provider.
+        server_class = type(
+            "FakeOpenAIHTTPServer", (ThreadingHTTPServer,), {"request_queue_size": 128}
+        )
+        self._server = server_class((host, port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
@@ -116,7 +139,11 @@ class FakeOpenAIServer:
         if refusal is not None:
             with self._lock:
                 self.requests.append(request)
-            error = {"message": refusal.message, "type": "refused"}
+            error = {
+                "message": refusal.message,
+                "type": refusal.error_type,
+                "code": refusal.code,
+            }
             return refusal.status, refusal.headers, {"error": error}
         try:
             return 200, {}, self.complete(request)

@@ -1,9 +1,10 @@
 """One retry layer against a real HTTP client: requests per judgment under 429s.
 
 A loopback OpenAI-compatible server answers every request with HTTP 429 (or the
-first few of each rule); `ChatOpenAI` from the environment, as a new user has it.
-Before: the judge's 4 attempts ran on top of the SDK's 2 retries, 12 requests per
-judgment, and `Retry-After` was not read.
+first few of each rule), a rate limit or the flex tier's "resource unavailable";
+`ChatOpenAI` from the environment, as a new user has it. Before: the judge's 4
+attempts ran on top of the SDK's 2 retries, 12 requests per judgment, and
+`Retry-After` was not read.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import pytest
 from langchain_openai import ChatOpenAI
 
 from langchain_tag import ApplicabilityJudge, JudgmentError, TAGRetriever
+from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.matching.prompts import read_judge_message
-from langchain_tag.models import CallRetry
+from langchain_tag.models import FLEX_TIMEOUT, CallRetry, default_chat_model
 from langchain_tag.testing import (
     FakeOpenAIServer,
     Refusal,
@@ -108,3 +110,59 @@ def test_retry_after_is_honoured() -> None:
     waits = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert len(waits) == 2
     assert all(0.3 <= wait < 5.0 for wait in waits), waits
+
+
+def test_a_storm_shorter_than_the_budget_delays_the_judgment() -> None:
+    # Before: the 4 attempts ran out inside the storm. Now the provider's waits
+    # are waited out for up to `CallRetry.rate_limit_wait` seconds.
+    refused = itertools.count()
+
+    def storm(request: dict[str, Any]) -> Refusal | None:
+        del request
+        if next(refused) < 6:
+            return Refusal(headers={"retry-after-ms": "10"})
+        return None
+
+    with FakeOpenAIServer(RuleAwareFakeChatModel(), refuse=storm) as server:
+        llm = ChatOpenAI(base_url=server.base_url, api_key="unused", model="fake")
+        verdict = ApplicabilityJudge(llm=llm).invoke(
+            (QUERY, trigger_rulebook(1).rules[0])
+        )
+        assert verdict.applies
+        assert len(server.requests) == 7
+
+
+def test_the_flex_tier_through_the_judge(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the OpenAI SDK makes of the flex tier's 429 "resource unavailable" is
+    # told from a rate limit: no shared pause, no lowered bound; the refused
+    # judgments back off on their own and come through.
+    seen: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def short_of_capacity(request: dict[str, Any]) -> Refusal | None:
+        with lock:
+            seen[_rule_of(request)] += 1
+            first_two = seen[_rule_of(request)] <= 2
+        return Refusal.resource_unavailable() if first_two else None
+
+    with FakeOpenAIServer(RuleAwareFakeChatModel(), refuse=short_of_capacity) as srv:
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.base_url)
+        monkeypatch.setenv("TAG_MODEL", "fake")
+        llm = default_chat_model(service_tier="flex")
+        assert getattr(llm, "request_timeout", None) == FLEX_TIMEOUT
+        fast = CallRetry(initial_delay=0.01, jitter=0.0, max_attempts=2)
+        judge = ApplicabilityJudge(llm=llm, retry=fast, cache=None)
+        limiter = ConcurrencyLimiter(4)
+        rules = trigger_rulebook(4).rules
+        verdicts = judge.judge_rules(QUERY, rules, limiter=limiter)
+        assert [v.applies for v in verdicts] == [True, False, False, True]
+        assert {r.get("service_tier") for r in srv.requests} == {"flex"}
+        assert seen == {rule.rule_id: 3 for rule in rules}
+        assert (limiter.allowed, limiter.resume_at) == (4, 0.0)
+        # Past `capacity_wait`, a judgment fails as a shortage of capacity.
+        seen.clear()
+        patient = CallRetry(initial_delay=0.01, jitter=0.0, capacity_wait=0.015)
+        with pytest.raises(JudgmentError, match="short of capacity") as raised:
+            judge.remade(retry=patient).invoke((QUERY, rules[0]))
+        assert raised.value.kind == "capacity"
+        assert "RateLimitError" in raised.value.error

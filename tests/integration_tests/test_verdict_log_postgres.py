@@ -7,7 +7,6 @@ unreachable. Each test writes tables of its own name and drops them.
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -31,7 +30,6 @@ from tests.unit_tests.test_verdict_log import run_writers
 
 pytestmark = pytest.mark.postgres
 
-URI_VARIABLE = "TAG_TEST_POSTGRES_URI"
 RULES = trigger_rulebook(4)
 TEXTS = [f"input {i} names trigger-{i % 4:03d} among other words" for i in range(30)]
 
@@ -44,26 +42,13 @@ def fill(log: VerdictLog, texts: list[str]) -> None:
             log.record(text, rule, Verdict(rule_id=rule.rule_id, applies=applies))
 
 
-@pytest.fixture(scope="module")
-def uri() -> str:
-    """The server's URI; skips the module when there is none to reach."""
-    found = os.environ.get(URI_VARIABLE)
-    if not found:
-        pytest.skip(f"{URI_VARIABLE} is not set (`bash scripts/postgres start`)")
-    try:
-        psycopg.connect(found, connect_timeout=5).close()
-    except psycopg.Error as error:
-        pytest.skip(f"PostgreSQL at {URI_VARIABLE} is unreachable: {error}")
-    return found
-
-
 @pytest.fixture
 def table(uri: str) -> Iterator[str]:
     """A table name no other run uses; its tables are dropped afterwards."""
     name = f"test_verdicts_{uuid.uuid4().hex[:12]}"
     yield name
     with psycopg.connect(uri, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {name}, {name}_inputs")
+        conn.execute(f"DROP TABLE IF EXISTS {name}, {name}_inputs, {name}_skipped")
 
 
 @pytest.mark.parametrize("store_text", [True, False])

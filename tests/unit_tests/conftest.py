@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 from pydantic import PrivateAttr
-from pytest_socket import disable_socket
+from pytest_socket import disable_socket, enable_socket, socket_allow_hosts
 
 from langchain_tag.testing import FakeClock, RuleAwareFakeChatModel
 
@@ -24,6 +24,13 @@ T = TypeVar("T")
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Disable internet sockets before every unit test."""
     disable_socket(allow_unix_socket=True)
+
+
+@pytest.fixture
+def loopback() -> None:
+    """Sockets to 127.0.0.1 only, where a test's fake server runs."""
+    enable_socket()
+    socket_allow_hosts(["127.0.0.1"], allow_unix_socket=True)
 
 
 @pytest.fixture

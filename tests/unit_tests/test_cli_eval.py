@@ -187,3 +187,61 @@ def test_failed_judgments_are_summed_in_one_line(
             "applicable; rules: R1."
         )
     ]
+
+
+# --- the estimate: cached input tokens, list and batch prices -----------------------
+
+
+def test_estimate_prints_cached_tokens_at_list_and_batch_prices(
+    custom: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    prices = ("--price-in", "2", "--price-out", "8", "--price-cached-input", "0.5")
+    argv = [*custom, "--estimate", "--methods", "tag", *prices]
+    # OpenAI's 1,024-token minimum: the short prompts here are never cached.
+    assert cli.main(argv) == 0
+    plain = table_row(capsys.readouterr().out, "tag")
+    assert plain["cached input"] == "0"
+    # A provider caching 32-token prefixes serves what the judgments share.
+    assert cli.main([*argv, "--cache-min-tokens", "32"]) == 0
+    out = capsys.readouterr().out
+    tag = table_row(out, "tag")
+    assert tag["input tokens"] == plain["input tokens"]
+    cached = int(tag["cached input"].replace(",", ""))
+    assert 0 < cached < int(tag["input tokens"].replace(",", ""))
+    assert float(tag["USD"].strip("$")) < float(plain["USD"].strip("$"))
+    assert float(tag["USD batch"].strip("$")) == pytest.approx(
+        float(tag["USD"].strip("$")) / 2, abs=1e-4
+    )
+    assert "$0.5 per million cached input tokens" in out
+    assert "once that prefix reaches 32 tokens" in out
+    assert cli.main([*argv, "--batch-discount", "0.25"]) == 0
+    quarter = table_row(capsys.readouterr().out, "tag")
+    assert float(quarter["USD batch"].strip("$")) == pytest.approx(
+        float(plain["USD"].strip("$")) * 0.75, abs=1e-4
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--estimate", "--price-cached-input", "1"], "beside --price-in"),
+        (
+            [
+                *("--estimate", "--price-in", "1", "--price-out", "2"),
+                *("--price-cached-input", "-1"),
+            ],
+            ">= 0 (got -1.0)",
+        ),
+        (["--batch-discount", "0.5"], "--batch-discount: options of --estimate"),
+        (["--estimate", "--batch-discount", "1"], "from 0 to below 1"),
+        (["--estimate", "--cache-min-tokens", "0"], "at least 1, got 0"),
+    ],
+)
+def test_estimate_price_options_are_checked(
+    custom: list[str],
+    options: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main([*custom, *options]) == 2
+    assert message in capsys.readouterr().err

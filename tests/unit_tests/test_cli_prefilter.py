@@ -201,7 +201,11 @@ def test_train_refuses_a_file_without_the_log_and_a_table_typo(
     assert code == 2
     error = one_error_line(capsys.readouterr().err)
     assert f"{log_file} holds no table verdicts" in error
-    assert tables(log_file) == ["verdict_log", "verdict_log_inputs"]
+    assert tables(log_file) == [
+        "verdict_log",
+        "verdict_log_inputs",
+        "verdict_log_skipped",
+    ]
     assert not model.exists()
 
 

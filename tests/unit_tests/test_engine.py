@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import pickle
 import threading
 from pathlib import Path
@@ -33,6 +34,7 @@ from langchain_tag.matching import UnreliableMatchWarning
 from langchain_tag.models import CallRetry
 from langchain_tag.query_graph import QueryContext, build_query_graph
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
+from langchain_tag.usage import PromptCaching, TokenUsage, UsageCounter
 
 
 def tagged_rulebook(n: int = 12) -> Rulebook:
@@ -273,12 +275,13 @@ def test_plan_then_judge_then_result_is_match() -> None:
     ]
     assert model.calls == 0
     # The graph judges one call unit per task; the verdicts come back in any order.
+    counter = UsageCounter()
     verdicts = [
         v
         for unit in reversed(engine.call_units(plan))
-        for v in engine.judge_rules(plan, None, unit)
+        for v in engine.judge_rules(plan, counter.watch(), unit)
     ]
-    stepped = engine.result(plan, verdicts)
+    stepped = engine.result(plan, verdicts, counter.usage)
     assert [v.rule_id for v in stepped.verdicts] == [r.rule_id for r in plan.candidates]
     assert [d.id for d in stepped.documents] == ["R-002"]
     whole = engine.match(text_for(1, 2), rules, MatchOptions(filter={"tags": "even"}))
@@ -431,3 +434,143 @@ def test_runs_without_a_context_share_one_engine(
         output = graph.invoke({"query": text_for(number), "rulebook": data})
         assert [m["rule_id"] for m in output["matches"]] == [f"R-{number:03d}"]
     assert len(built) == 1  # not one judge (and bound) per match_rule task
+
+
+# --- usage: what a retrieval's judgments cost ---------------------------------------
+
+CACHING = PromptCaching(min_tokens=64, block_tokens=16)
+"""A provider caching short prefixes, so the fake's prompts are cached."""
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+async def test_match_counts_the_judgments_usage_cached_tokens_included(
+    face: str,
+) -> None:
+    model = RuleAwareFakeChatModel(report_usage=True, prompt_caching=CACHING)
+    engine = MatchEngine(ApplicabilityJudge(llm=model, cache=None))
+    rules = tagged_rulebook().rules
+    caller = UsageCounter()  # what the caller's own callbacks see
+    result = (
+        engine.match(text_for(1, 2), rules, config=caller.watch())
+        if face == "sync"
+        else await engine.amatch(text_for(1, 2), rules, config=caller.watch())
+    )
+    assert result.usage == caller.usage
+    usage = result.usage
+    assert usage is not None
+    assert usage.calls == model.calls == len(rules)
+    # The fake counts 4 characters a token, rounded up.
+    assert usage.input_tokens == sum(math.ceil(len(p) / 4) for p in model.prompts)
+    # The input comes before the rule: later judgments read the shared prefix.
+    assert 0 < (usage.cached_input_tokens or 0) < usage.input_tokens
+    assert result.summary()["usage"] == usage.model_dump()
+
+
+def test_verdicts_from_the_cache_cost_nothing() -> None:
+    model = RuleAwareFakeChatModel(report_usage=True)
+    engine = MatchEngine(ApplicabilityJudge(llm=model))  # the default verdict cache
+    rules = tagged_rulebook().rules
+    first = engine.match(text_for(3), rules)
+    again = engine.match(text_for(3), rules)
+    assert first.usage is not None
+    assert first.usage.calls == len(rules)
+    assert again.usage == TokenUsage()  # no call: a known zero
+    assert again.summary()["usage"] == {
+        "calls": 0,
+        "input_tokens": 0,
+        "cached_input_tokens": 0,
+        "output_tokens": 0,
+    }
+
+
+def test_a_model_reporting_no_usage_shows_unknown_tokens_not_zero() -> None:
+    engine = MatchEngine(ApplicabilityJudge(llm=RuleAwareFakeChatModel(), cache=None))
+    result = engine.match(text_for(5), tagged_rulebook().rules)
+    assert result.summary()["usage"] == {
+        "calls": 12,
+        "input_tokens": None,
+        "cached_input_tokens": None,
+        "output_tokens": None,
+    }
+
+
+# --- the learned prefilter's skip records ---------------------------------------------
+
+
+def test_the_engine_records_what_the_learned_prefilter_skipped(
+    tmp_path: Path,
+) -> None:
+    """Retraining keeps the recall promise from these records (the learning loop)."""
+    rulebook = tagged_rulebook()
+    prefilter = fitted_prefilter(rulebook)
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    judge = ApplicabilityJudge(llm=RuleAwareFakeChatModel(), verdict_log=log)
+    engine = MatchEngine(judge, prefilter=prefilter, explore=0.5)
+    query = text_for(3)
+    result = engine.match(query, rulebook.rules)
+    _, skipped, rates = prefilter.screen(query, rulebook.rules)
+    assert skipped
+    # Written with the retrieval's verdicts, explored ones too.
+    assert log.pending == 0
+    assert [(s.rule_id, s.skipped_yes, s.explore) for s in log.skips()] == [
+        (rule_id, rates[rule_id], 0.5) for rule_id in skipped
+    ]
+    assert set(result.explored_rule_ids) <= set(skipped)
+    assert len(log) == result.candidates
+    # A judge without a log: nothing to record, nothing fails.
+    plain = MatchEngine(
+        ApplicabilityJudge(llm=RuleAwareFakeChatModel()), prefilter=prefilter
+    )
+    assert [d.id for d in plain.match(query, rulebook.rules).documents] == ["R-003"]
+
+
+# --- judging ahead: prejudge ---------------------------------------------------------
+
+
+def test_prejudge_online_fills_the_cache_match_then_calls_nothing() -> None:
+    rulebook = trigger_rulebook(6)
+    model = RuleAwareFakeChatModel()
+    engine = MatchEngine(ApplicabilityJudge(llm=model))
+    texts = ["trigger-001 here", "trigger-002 and trigger-004", "trigger-001 here"]
+    report = engine.prejudge(texts, rulebook.rules, via="online")
+    assert (report.requests, report.online, report.cached) == (18, 12, 6)
+    assert model.calls == 12  # the repeated input was judged once
+    results = [engine.match(text, rulebook.rules) for text in texts]
+    assert model.calls == 12
+    assert all(v.cached for result in results for v in result.verdicts)
+    assert [d.id for d in results[1].documents] == ["R-002", "R-004"]
+
+
+def test_prejudge_plans_as_match_does() -> None:
+    rulebook = trigger_rulebook(6)
+    model = RuleAwareFakeChatModel()
+    engine = MatchEngine(ApplicabilityJudge(llm=model))
+    only = MatchOptions(filter=lambda rule: rule.rule_id in {"R-001", "R-003"})
+    report = engine.prejudge(["trigger-001"], rulebook.rules, only, via="online")
+    assert report.requests == 2  # the filter applies before anything is judged
+    with pytest.raises(ValueError, match="via must be 'batch' or 'online'"):
+        engine.prejudge(["x"], rulebook.rules, via="carrier pigeon")  # type: ignore[arg-type]
+    assert model.calls == 2
+
+
+def test_looking_ahead_records_no_skips_the_retrieval_records_them_once(
+    tmp_path: Path,
+) -> None:
+    rulebook = tagged_rulebook()
+    prefilter = fitted_prefilter(rulebook)
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    model = RuleAwareFakeChatModel()
+    engine = MatchEngine(
+        ApplicabilityJudge(llm=model, verdict_log=log), prefilter=prefilter
+    )
+    query = text_for(3)
+    engine.prejudge([query], rulebook.rules, via="online")
+    log.flush()
+    assert list(log.skips()) == []  # judged ahead: the retrieval records its own
+    judged = model.calls
+    result = engine.match(query, rulebook.rules)
+    assert model.calls == judged  # every verdict came from the cache
+    log.flush()  # skips wait for the log's next write; a cached retrieval has none
+    _, skipped, _ = prefilter.screen(query, rulebook.rules)
+    assert [s.rule_id for s in log.skips()] == skipped
+    assert result.candidates == judged

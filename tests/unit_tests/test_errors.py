@@ -14,7 +14,7 @@ from langchain_tag.cli.errors import CommandError
 from langchain_tag.evaluation.datasets import DataNotFoundError, DatasetError
 from langchain_tag.matching import JudgmentError
 from langchain_tag.matching.verdicts import FailureKind, advice, failure_kind
-from langchain_tag.models import ModelNotConfiguredError
+from langchain_tag.models import CallRetry, ModelNotConfiguredError
 from langchain_tag.rules import RulebookError
 from langchain_tag.testing import RuleAwareFakeChatModel, TransientFakeError
 
@@ -95,6 +95,13 @@ UNREADABLE = "unparseable judge output 'Perhaps.'"
             "temperature 0",
         ),
         ("ValueError: bad request", "permanent", "not transient", "retry later"),
+        # A shortage of capacity (the flex tier) is no rate limit to slow down for.
+        (
+            "RateLimitError: Error code: 429 - Resource unavailable",
+            "capacity",
+            "short of capacity",
+            "a rate limit or a timeout",
+        ),
     ],
 )
 def test_judgment_error_advice_fits_the_failure(
@@ -108,8 +115,9 @@ def test_judgment_error_advice_fits_the_failure(
     # The Python API has the option: the message may name it.
     assert "on_error='not_applicable'" in message
     assert failed.kind == kind
+    # An outer retry may try a transient failure, or one for capacity, again.
     assert (failed.transient, failed.unreadable) == (
-        kind == "transient",
+        kind in ("transient", "capacity"),
         kind == "unreadable",
     )
     assert message.startswith(f"Judging rule 'R-1' failed: {error}. ")
@@ -130,6 +138,7 @@ def test_the_kind_is_the_judges_word_not_read_from_the_error() -> None:
         ("transient", "(a rate limit or a timeout): wait"),
         ("unreadable", "at temperature 0 asking again gives the same answer: use B"),
         ("permanent", "asking again fails the same way: fix its cause"),
+        ("capacity", "not a rate limit, and not billed): wait, or use the standard"),
     ],
 )
 def test_advice_is_one_wording_in_the_callers_options(
@@ -149,6 +158,11 @@ def test_failure_kind_of_other_errors() -> None:
     assert failure_kind(JudgmentError("R-1", "x", kind="unreadable")) == "unreadable"
     assert failure_kind(TransientFakeError("HTTP 429", 429)) == "transient"
     assert failure_kind(ValueError("bad request")) == "permanent"
+    flex = TransientFakeError("Error code: 429 - Resource unavailable", 429)
+    assert failure_kind(flex) == "capacity"
+    # The policy that gave up says what else it retried.
+    assert failure_kind(KeyError("x")) == "permanent"
+    assert failure_kind(KeyError("x"), CallRetry(retry_on=(KeyError,))) == "transient"
 
 
 RULEBOOK = str(Path(__file__).parent.parent / "fixtures" / "pep8_rulebook.json")

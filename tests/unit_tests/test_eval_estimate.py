@@ -64,6 +64,7 @@ from langchain_tag.testing import (
     RuleAwareFakeChatModel,
     ScriptedFakeChatModel,
 )
+from langchain_tag.usage import PromptCaching, TokenPrices
 
 COUNTER = token_counter()
 
@@ -427,27 +428,89 @@ def test_a_method_that_would_call_a_model_unknown_is_skipped_loudly() -> None:
     assert found.calls == 0
 
 
-def test_dollars_follow_the_prices() -> None:
+def test_dollars_follow_the_prices_list_and_batch() -> None:
     task = tiny_task()
     [free] = estimate(task, ["tag"])
-    assert free.dollars is None
-    [priced] = estimate(task, ["tag"], price_in=2.5, price_out=10.0)
+    assert (free.dollars, free.batch_dollars) == (None, None)
+    prices = TokenPrices(input=2.5, cached_input=1.25, output=10.0)
+    [priced] = estimate(task, ["tag"], prices=prices, caching=SHORT_PREFIXES)
+    fresh = priced.input_tokens - priced.cached_input_tokens
+    assert priced.cached_input_tokens > 0
     assert priced.dollars == pytest.approx(
-        (priced.input_tokens * 2.5 + priced.output_tokens * 10.0) / 1e6
+        (fresh * 2.5 + priced.cached_input_tokens * 1.25 + priced.output_tokens * 10)
+        / 1e6
     )
-    [half] = estimate(task, ["tag"], price_in=2.5)
-    assert half.dollars == pytest.approx(priced.input_tokens * 2.5 / 1e6)
-    with pytest.raises(ValueError, match="not negative"):
-        estimate(task, ["tag"], price_out=-1.0)
+    assert priced.dollars == prices.cost(priced.usage)
+    assert priced.dollars is not None
+    assert priced.batch_dollars == pytest.approx(priced.dollars / 2)
 
 
 def test_oracle_judging_costs_nothing() -> None:
     task = tiny_task()
-    [oracle] = estimate(task, ["oracle"], executor=False, price_in=1.0, price_out=1.0)
+    prices = TokenPrices(input=1.0, output=1.0)
+    [oracle] = estimate(task, ["oracle"], executor=False, prices=prices)
     # Before: the look-ups were counted as judge calls (free ones).
     assert (oracle.judge_calls, oracle.calls) == (0, 0)
     assert oracle.oracle_lookups == len(TEXTS) * len(RULEBOOK)
     assert (oracle.input_tokens, oracle.output_tokens, oracle.dollars) == (0, 0, 0.0)
+    assert oracle.batch_dollars == 0.0
+
+
+# --- Cached input tokens ------------------------------------------------------------
+
+SHORT_PREFIXES = PromptCaching(min_tokens=32, block_tokens=16)
+"""A provider caching short prefixes: the tiny task's prompts are cached."""
+
+
+def test_short_prompts_are_not_cached_by_default() -> None:
+    # The tiny task's prompts are far below OpenAI's 1,024 tokens.
+    [found] = estimate(tiny_task(), ["tag"], executor=False)
+    assert found.input_tokens > 0
+    assert found.cached_input_tokens == 0
+
+
+def common_prefix(left: str, right: str) -> str:
+    size = next(
+        (i for i, (a, b) in enumerate(zip(left, right, strict=False)) if a != b),
+        min(len(left), len(right)),
+    )
+    return left[:size]
+
+
+def test_an_inputs_judgments_read_their_shared_prefix() -> None:
+    task = tiny_task()
+    [one] = estimate(
+        task, ["tag"], executor=False, caching=SHORT_PREFIXES, max_concurrency=1
+    )
+    judge = ApplicabilityJudge(llm=NoCallChatModel())
+    prompts = [
+        [judge.messages(item.text, rule) for rule in RULEBOOK.rules]
+        for item in task.items
+    ]
+    assert one.input_tokens == sum(COUNTER.messages(m) for p in prompts for m in p)
+    # One call at a time: every judgment after an input's first reads the
+    # instructions and the input (what its prompts share before the rule), in
+    # 16-token steps (one step less for the tokenizer's seams).
+    later = len(RULEBOOK) - 1
+    system = COUNTER.count(prompts[0][0][0].text)
+    least = 0
+    for first, second, *_ in prompts:
+        before_rule = common_prefix(first[1].text, second[1].text)
+        least += later * ((system + COUNTER.count(before_rule)) // 16 - 1) * 16
+    assert least <= one.cached_input_tokens < one.input_tokens
+    assert one.cached_input_tokens > len(TEXTS) * later * system  # not only these
+    # Calls in flight cannot read each other: with all of an input's judgments
+    # in flight at once, only prefixes sent before (the instructions) are read.
+    [wave] = estimate(
+        task,
+        ["tag"],
+        executor=False,
+        caching=SHORT_PREFIXES,
+        max_concurrency=len(RULEBOOK),
+    )
+    assert 0 < wave.cached_input_tokens < one.cached_input_tokens
+    [none] = estimate(task, ["tag"], executor=False, caching=None)
+    assert none.cached_input_tokens == 0
 
 
 def test_methods_without_their_models_are_skipped_with_the_reason() -> None:
@@ -494,20 +557,35 @@ def test_without_gold_the_executor_prompts_are_an_upper_bound() -> None:
 
 
 def test_the_table_totals_and_names_its_counter() -> None:
+    prices = TokenPrices(input=1.0, cached_input=0.25, output=2.0)
     found = estimate(
-        tiny_task(), ["m0-*", "tag", "tag-cascade"], price_in=1.0, price_out=2.0
+        tiny_task(),
+        ["m0-*", "tag", "tag-cascade"],
+        prices=prices,
+        caching=SHORT_PREFIXES,
     )
     found += estimate(tiny_task(), ["tag"], judge=False)
-    table = estimate_table(found)
+    table = estimate_table(found, prices=prices, caching=SHORT_PREFIXES)
     lines = table.splitlines()
     assert lines[0].startswith("| method | calls | judge calls |")
+    assert (
+        "| input tokens | cached input | output tokens | USD | USD batch |"
+        in (lines[0])
+    )
     total = next(line for line in lines if line.startswith("| **total**"))
     calls = sum(e.calls for e in found if e.status == "ok")
     assert f"≤ {calls:,}" in total  # the cascade's bound makes it one
+    cached = sum(e.cached_input_tokens for e in found)
+    batch = sum(e.batch_dollars or 0 for e in found)
+    assert f"| {cached:,} |" in total
+    assert f"${batch:.4f}" in total
     assert "3 of 4 methods estimated" in total
     assert "skipped: needs a judge model" in table
     assert COUNTER.name in table
     assert "upper bound" in table
+    assert "in 16-token steps once that prefix reaches 32 tokens" in table
+    assert "$0.25 per million cached input tokens" in table
+    assert "batch: every price less 50%" in table
 
 
 def test_tokens_are_approximated_without_tiktoken(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,10 @@ from langchain_tag.evaluation.tasks import (
     nba_task,
     obliqa_task,
 )
-from langchain_tag.evaluation.usage import CallCounter
+from langchain_tag.evaluation.usage import ORACLE_LLM_TYPE, CallCounter
 from langchain_tag.matching import CONDITION_PROFILE, NBA_PROFILE
 from langchain_tag.testing import HashingFakeEmbeddings, RuleAwareFakeChatModel
+from langchain_tag.usage import PromptCaching, TokenUsage
 
 ASSUMPTIONS = {
     "prior_salary_cap_year": "2023-24",
@@ -226,7 +228,8 @@ async def test_oracle_is_perfect_and_m0_selects_nothing(nba: NBADataset) -> None
         assert result.failures == 0
         assert "strict_accuracy" not in result.metrics
         assert "strict accuracy: needs an executor model" in result.notes
-        assert result.input_tokens is None  # nothing reported usage
+        # No model call was made: a known zero, not an unknown.
+        assert (result.input_tokens, result.cached_input_tokens) == (0, 0)
 
 
 async def test_judge_calls_are_counted_exactly(nba: NBADataset) -> None:
@@ -732,6 +735,75 @@ def test_call_counter_counts_every_call_and_the_tokens_reported() -> None:
     counter.on_llm_end(LLMResult(generations=[[ChatGeneration(message=answer)]]))
     assert (counter.calls, counter.reported) == (2, True)
     assert (counter.input_tokens, counter.output_tokens) == (7, 2)
+
+
+def test_call_counter_reads_cached_tokens_and_leaves_the_oracle_out() -> None:
+    counter = CallCounter()
+    counter.on_chat_model_start(
+        {}, [[HumanMessage("q")]], invocation_params={"_type": ORACLE_LLM_TYPE}
+    )
+    assert counter.usage == TokenUsage()  # a look-up is no model call
+    counter.on_chat_model_start({}, [[HumanMessage("prompt")]])
+    answer = AIMessage(
+        "x",
+        usage_metadata={
+            "input_tokens": 1300,
+            "output_tokens": 2,
+            "total_tokens": 1302,
+            "input_token_details": {"cache_read": 1152},
+        },
+        response_metadata={"model_name": "fake"},
+    )
+    counter.on_llm_end(LLMResult(generations=[[ChatGeneration(message=answer)]]))
+    assert counter.usage == TokenUsage(
+        calls=1, input_tokens=1300, cached_input_tokens=1152, output_tokens=2
+    )
+
+
+CACHING = PromptCaching(min_tokens=32, block_tokens=16)
+"""A provider caching short prefixes, so the fake's prompts are cached."""
+
+
+async def test_cached_input_tokens_are_reported_in_every_form(
+    nba: NBADataset, tmp_path: Path
+) -> None:
+    judge = RuleAwareFakeChatModel(report_usage=True, prompt_caching=CACHING)
+    [tag] = await aevaluate(
+        nba_task(nba), methods=["tag"], judge_model=judge, max_concurrency=1
+    )
+    # The fake counts 4 characters a token, rounded up.
+    assert tag.input_tokens == sum(math.ceil(len(p) / 4) for p in judge.prompts)
+    # Each problem's judgments share the instructions and the problem.
+    assert 0 < (tag.cached_input_tokens or 0) < tag.input_tokens
+    files = report.write_report([tag], tmp_path, plot=False)
+    row = files.markdown.read_text("utf-8").splitlines()
+    headings = [c.strip() for c in row[2].strip("|").split("|")]
+    cells = [c.strip() for c in row[4].strip("|").split("|")]
+    assert dict(zip(headings, cells, strict=True))["cached in"] == str(
+        tag.cached_input_tokens
+    )
+    with files.csv.open(encoding="utf-8") as handle:
+        [saved] = csv.DictReader(handle)
+    assert saved["cached_input_tokens"] == str(tag.cached_input_tokens)
+    [written] = json.loads(files.json.read_text("utf-8"))
+    assert written["cached_input_tokens"] == tag.cached_input_tokens
+
+
+async def test_tokens_are_unknown_when_one_model_reports_none(nba: NBADataset) -> None:
+    # The judge reports usage, the executor does not: the sum is unknown.
+    executor = verdict_model({"answer": False})
+    [tag] = await aevaluate(
+        nba_task(nba),
+        methods=["tag"],
+        judge_model=RuleAwareFakeChatModel(report_usage=True),
+        executor_model=executor,
+    )
+    # Before: the judge's tokens alone, shown as the method's.
+    assert (tag.llm_calls, tag.input_tokens, tag.cached_input_tokens) == (
+        3 * len(RULES) + 3,
+        None,
+        None,
+    )
 
 
 def test_select_methods_takes_names_and_globs() -> None:

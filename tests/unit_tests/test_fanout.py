@@ -7,6 +7,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -14,19 +15,22 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables.config import ContextThreadPoolExecutor
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, PrivateAttr
 from tenacity import AsyncRetrying
 
 from langchain_tag import ApplicabilityJudge, JudgmentError, Rule, Verdict
 from langchain_tag.matching import _fanout
-from langchain_tag.matching.limiter import ConcurrencyLimiter
+from langchain_tag.matching.limiter import ConcurrencyLimiter, Slot
 from langchain_tag.matching.prompts import read_judge_message
+from langchain_tag.matching.verdicts import UnreliableMatchWarning
 from langchain_tag.models import CallRetry
 from langchain_tag.testing import (
+    FakeClock,
     RuleAwareFakeChatModel,
     TransientFakeError,
     trigger_rulebook,
 )
+from tests.unit_tests.conftest import HANG_GUARD
 
 if TYPE_CHECKING:
     from tests.unit_tests.conftest import HeldFakeChatModel
@@ -95,10 +99,10 @@ class ChoreographedLimiter(ConcurrencyLimiter):
         self.choreography = choreography
 
     @contextmanager
-    def hold(self) -> Iterator[None]:
-        with super().hold():
+    def hold(self) -> Iterator[Slot]:
+        with super().hold() as slot:
             try:
-                yield
+                yield slot
             finally:
                 if threading.current_thread() is self.choreography.failing_thread:
                     # The fan-out knows of the failure by now; R-000 may go on.
@@ -236,10 +240,10 @@ class WatchedLimiter(ConcurrencyLimiter):
         return until
 
     @contextmanager
-    def hold(self) -> Iterator[None]:
-        with super().hold():
+    def hold(self) -> Iterator[Slot]:
+        with super().hold() as slot:
             try:
-                yield
+                yield slot
             except JudgmentError:
                 # Raised out of the fan-out's worker: the fan-out has seen it.
                 self.failure_seen.set()
@@ -377,3 +381,267 @@ def test_async_fan_out_honours_the_limit(
     verdicts = held_llm.one_at_a_time(fan_out) if limit == 1 else fan_out()
     assert llm.peak_in_flight == limit
     assert [v.applies for v in verdicts].count(True) == 1
+
+
+# --- rate limits: the calls after a pause, the time budget; shortages of capacity ----
+
+
+@dataclass
+class FakeTime:
+    """One fake clock for every wait: the limiter's pauses, the judgments' own."""
+
+    clock: FakeClock
+    waits: list[float]
+    """The judgments' own waits (tenacity's), in order."""
+
+
+@pytest.fixture
+def fake_time(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> FakeTime:
+    """The judgments' waits advance the limiter's `clock`; the budgets read it too."""
+    waits: list[float] = []
+    lock = threading.Lock()
+
+    def sleep(seconds: float) -> None:
+        with lock:
+            waits.append(seconds)
+            clock.now += seconds
+
+    async def asleep(seconds: float) -> None:
+        sleep(seconds)
+        await asyncio.sleep(0)
+
+    _backoff_sleeps(monkeypatch, sleep, asleep)
+    monkeypatch.setattr(
+        "langchain_tag.models.time",
+        SimpleNamespace(monotonic=clock.monotonic, time=clock.time),
+    )
+    return FakeTime(clock, waits)
+
+
+RATE_LIMITED = TransientFakeError("rate limited", 429, headers={"retry-after": "1"})
+SHORT_OF_CAPACITY = TransientFakeError(
+    "Error code: 429 - Resource unavailable: flex processing is short of capacity.",
+    429,
+)
+
+
+class BurstThenGated(RuleAwareFakeChatModel):
+    """The first `burst` calls, all in flight together, are refused (429, 1 s).
+
+    The first call after them is held until `go` is set: by the test once the
+    other judgments wait for a slot, or by this model when a second call arrives
+    meanwhile (`crowded`: the lowered bound was not kept).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    burst: int = 8
+    go: threading.Event = Field(default_factory=threading.Event)
+    limiter: ConcurrencyLimiter | None = None
+    """Async: `go` is also due once `burst - 1` tasks wait for its slots."""
+    crowded: bool = False
+
+    _number: int = PrivateAttr(default=0)
+    _later_in_flight: int = PrivateAttr(default=0)
+    _all_in: threading.Event = PrivateAttr(default_factory=threading.Event)
+
+    def _arrive(self) -> int:
+        with self._lock:
+            self._number += 1
+            if self._in_flight >= self.burst:
+                self._all_in.set()
+            if self._number > self.burst:
+                self._later_in_flight += 1
+                if self._later_in_flight > 1:
+                    self.crowded = self.crowded or not self.go.is_set()
+                    self.go.set()
+            return self._number
+
+    def _depart(self, number: int) -> None:
+        with self._lock:
+            if number > self.burst:
+                self._later_in_flight -= 1
+
+    def _released(self) -> bool:
+        waiting = len(self.limiter._waiting) if self.limiter is not None else 0
+        if waiting >= self.burst - 1:
+            self.go.set()
+        return self.go.is_set()
+
+    def _generate(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> ChatResult:
+        prompt, fault = self._enter(messages)
+        number = self._arrive()
+        try:
+            if number <= self.burst:
+                assert self._all_in.wait(HANG_GUARD)
+                raise RATE_LIMITED
+            assert self.go.wait(HANG_GUARD)
+            return self._respond(messages, prompt, fault)
+        finally:
+            self._depart(number)
+            self._leave()
+
+    async def _agenerate(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> ChatResult:
+        prompt, fault = self._enter(messages)
+        number = self._arrive()
+        try:
+            ready = self._all_in.is_set if number <= self.burst else None
+            for _ in range(100_000):  # turns of the loop, not time
+                if (ready or self._released)():
+                    break
+                await asyncio.sleep(0)
+            if ready is not None:
+                assert ready()
+                raise RATE_LIMITED
+            assert self._released()
+            return self._respond(messages, prompt, fault)
+        finally:
+            self._depart(number)
+            self._leave()
+
+
+class _CountingCondition(threading.Condition):
+    """Sets `reached` once `enough` threads wait on it at the same time."""
+
+    def __init__(
+        self, lock: threading.Lock, enough: int, reached: threading.Event
+    ) -> None:
+        super().__init__(lock)
+        self.waiting = 0
+        self.enough = enough
+        self.reached = reached
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting += 1  # the lock is held
+        if self.waiting >= self.enough:
+            self.reached.set()
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waiting -= 1
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_after_a_rate_limit_only_the_allowed_calls_go_out(
+    mode: str, fake_time: FakeTime
+) -> None:
+    # Before: a judgment kept its slot through its retries, so the 8 refused
+    # together all tried again together after the pause, whatever the lowered
+    # bound (8 x 429, then 8 again).
+    limiter = ConcurrencyLimiter(8)
+    llm = BurstThenGated(limiter=limiter if mode == "async" else None)
+    if mode == "sync":
+        limiter._freed = _CountingCondition(limiter._lock, 7, llm.go)
+    judge = ApplicabilityJudge(llm=llm, cache=None)
+    rules = make_rules(8)
+    if mode == "sync":
+        verdicts = judge.judge_rules("trigger-003", rules, limiter=limiter)
+    else:
+        verdicts = await judge.ajudge_rules("trigger-003", rules, limiter=limiter)
+    assert [v.applies for v in verdicts] == [r.rule_id == "R-003" for r in rules]
+    # The bound went to 1; the first call after the pause went out alone while
+    # the 7 others waited for a slot.
+    assert not llm.crowded
+    assert llm.calls == 16
+    assert fake_time.waits == [1.0] * 8
+    assert limiter._in_use == 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("refusals", [10, 100])
+async def test_a_rate_limit_with_the_providers_wait_has_a_time_budget(
+    mode: str, refusals: int, fake_time: FakeTime
+) -> None:
+    # Before: 4 attempts, whatever the wait: 3 s of `Retry-After: 1` failed the
+    # judgment. Now 60 s (`rate_limit_wait`) of them are waited out.
+    rule = make_rules(1)[0]
+    llm = RuleAwareFakeChatModel(faults={rule.rule_id: [RATE_LIMITED] * refusals})
+    judge = ApplicabilityJudge(llm=llm, cache=None)
+    limiter = ConcurrencyLimiter(4)
+
+    async def fan_out() -> list[Verdict]:
+        if mode == "sync":
+            return judge.judge_rules("trigger-000", [rule], limiter=limiter)
+        return await judge.ajudge_rules("trigger-000", [rule], limiter=limiter)
+
+    if refusals < 60:  # a storm shorter than the budget (`rate_limit_wait`)
+        assert [v.applies for v in await fan_out()] == [True]
+        assert llm.calls == refusals + 1
+        assert fake_time.waits == [1.0] * refusals
+        return
+    with pytest.raises(JudgmentError, match="after 61 attempt") as raised:
+        await fan_out()
+    assert raised.value.kind == "transient"
+    assert "retry later" in str(raised.value)
+    # It stopped before a wait that would end past 60 s of rate limits.
+    assert sum(fake_time.waits) == 60.0  # `CallRetry().rate_limit_wait`
+    assert llm.calls == 61
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_shortage_of_capacity_is_no_rate_limit(
+    mode: str, fake_time: FakeTime
+) -> None:
+    # The flex tier's 429 "resource unavailable": the refused judgment backs off
+    # on its own; nobody else pauses, the bound stays.
+    rules = make_rules(4)
+    llm = RuleAwareFakeChatModel(faults={"R-000": [SHORT_OF_CAPACITY] * 3})
+    judge = ApplicabilityJudge(
+        llm=llm, cache=None, retry=CallRetry(jitter=0.0, max_attempts=2)
+    )
+    limiter = ConcurrencyLimiter(4)
+    if mode == "sync":
+        verdicts = judge.judge_rules("trigger-000", rules, limiter=limiter)
+    else:
+        verdicts = await judge.ajudge_rules("trigger-000", rules, limiter=limiter)
+    assert [v.applies for v in verdicts] == [True, False, False, False]
+    assert limiter.allowed == 4
+    assert limiter.resume_at == 0.0
+    assert fake_time.clock.sleeps == []  # no judgment waited for a shared pause
+    # Its own backoff, by time, not `max_attempts` (2): three refusals outlived.
+    assert fake_time.waits == [1.0, 2.0, 4.0]
+    assert llm.calls == 7
+    # A rate limit, for contrast, pauses everyone and halves the bound.
+    rate_limited = RuleAwareFakeChatModel(faults={"R-000": [RATE_LIMITED]})
+    judge = ApplicabilityJudge(llm=rate_limited, cache=None)
+    judge.judge_rules("trigger-000", rules, limiter=limiter)
+    assert limiter.resume_at > 0.0
+    assert limiter.allowed < 4  # halved to 2, grown back by a few successes
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_long_shortage_of_capacity_fails_as_one(
+    mode: str, fake_time: FakeTime
+) -> None:
+    rule = make_rules(1)[0]
+    llm = RuleAwareFakeChatModel(faults={rule.rule_id: [SHORT_OF_CAPACITY] * 100})
+    judge = ApplicabilityJudge(
+        llm=llm, cache=None, retry=CallRetry(jitter=0.0), on_error="not_applicable"
+    )
+    limiter = ConcurrencyLimiter(4)
+
+    async def fan_out() -> list[Verdict]:
+        if mode == "sync":
+            return judge.judge_rules("trigger-000", [rule], limiter=limiter)
+        return await judge.ajudge_rules("trigger-000", [rule], limiter=limiter)
+
+    with pytest.warns(UnreliableMatchWarning, match="1 of 1 judgments failed"):
+        [verdict] = await fan_out()
+    assert verdict.failed  # flagged, never a silent NO
+    assert "Resource unavailable" in str(verdict.error)
+    # Waits of 1, 2, 4, 8, 16, then 30 s, while they end within 600 s.
+    assert fake_time.waits == [1.0, 2.0, 4.0, 8.0, 16.0] + [30.0] * 18
+    assert llm.calls == 24
+    assert limiter.allowed == 4
+    with pytest.raises(JudgmentError) as raised:
+        ApplicabilityJudge(
+            llm=RuleAwareFakeChatModel(faults={rule.rule_id: [SHORT_OF_CAPACITY] * 9}),
+            cache=None,
+            retry=CallRetry(jitter=0.0, capacity_wait=10.0),
+        ).invoke(("trigger-000", rule))
+    assert raised.value.kind == "capacity"
+    assert raised.value.transient
+    assert "short of capacity" in str(raised.value)

@@ -151,11 +151,11 @@ LAYERS = [
         "_loading",
         "data",
     },
-    {"rules", "models", "cache", "embeddings", "resources"},
+    {"rules", "models", "cache", "embeddings", "resources", "usage"},
     {"extraction", "matching", "execution"},
-    {"learning"},
+    {"learning", "batch"},
     {"engine"},
-    {"retrievers", "query_graph", "middleware"},
+    {"retrievers", "query_graph", "middleware", "bulk"},
     {"baselines", "evaluation", "demo", "cli", "local_model"},
 ]
 

@@ -21,9 +21,12 @@ from langchain_tag.learning.learned_prefilter import (
     HashedFeatures,
     LabelledExample,
     LearnedPrefilter,
+    SkippedPair,
+    _Masses,
     _rows,
     _tf_idf_matrix,
     _tf_idf_row,
+    _threshold_options,
     _weighted_auc,
 )
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
@@ -435,4 +438,125 @@ def test_weighted_auc_counts_ties_one_half() -> None:
     y_repeated = np.asarray([False, True, True, False, True])
     assert _weighted_auc(scores, y, weights) == pytest.approx(
         _weighted_auc(repeated, y_repeated, np.ones(5))
+    )
+
+
+# --- skipped pairs: fractional YES mass in the threshold step ------------------------
+
+
+def test_skipped_pairs_weigh_as_fractional_yes_by_hand() -> None:
+    # Labelled: input 0 judged YES, 3 judged NO (weight 1); 1 and 2 explored
+    # (weight 1 / 0.05), NO and YES, with skip records: they count once.
+    pairs = [(0, True, 1.0), (1, False, 20.0), (2, True, 20.0), (3, False, 1.0)]
+    # Skipped: 1 and 2 (explored), 4 and 5 without a verdict.
+    skipped = [(1, 0.1), (2, 0.1), (4, 0.2), (5, 0.05)]
+    masses = _Masses.of(pairs, skipped)
+    # S = 1 explored YES of N = 2: q = (1 + 10 q0) / (2 + 10).
+    assert masses.imputed_rows.tolist() == [4, 5]
+    assert masses.yes.tolist() == pytest.approx([1, 0, 1, 0, 3 / 12, 1.5 / 12])
+    assert masses.no.tolist() == pytest.approx([0, 1, 0, 1, 9 / 12, 10.5 / 12])
+    assert masses.rate == pytest.approx((2 + 4.5 / 12 + 0.5) / (6 + 1))
+    # Without skip records the weights stand: the explored pairs count 20 times.
+    plain = _Masses.of(pairs, [])
+    assert plain.yes.tolist() == [1, 0, 20, 0]
+    assert plain.rate == pytest.approx((21 + 0.5) / (42 + 1))
+
+
+def test_threshold_options_spend_yes_mass_by_hand() -> None:
+    scores = np.asarray([0.9, 0.1, 0.5])
+    yes = np.asarray([1.0, 0.25, 0.0])
+    no = np.asarray([0.0, 0.75, 1.0])
+    options = _threshold_options(scores, yes, no, rate=0.4)
+    # A threshold at each score carrying YES mass, then always: conformal +1 on
+    # the YES mass below (of 1.25), the NO mass below (of 1.75) skipped.
+    assert [o.threshold for o in options] == [0.1, 0.9, float("inf")]
+    assert [o.miss for o in options] == pytest.approx(
+        [0.4 * 1 / 2.25, 0.4 * 1.25 / 2.25, 0.4]
+    )
+    assert [o.skip for o in options] == pytest.approx([0.0, 0.6, 0.6])
+
+
+def test_skipped_pairs_without_verdicts_make_the_thresholds_keep_more() -> None:
+    """Before, the YES verdicts a model skipped were missing from its next training.
+
+    Half of R-001's YES inputs were skipped and never judged: trained on the
+    verdicts alone the rule looks rarer and is skipped more; given the skipped
+    pairs, their YES mass comes back.
+    """
+    inputs = make_inputs(200, seed=5)
+    verdicts, skipped = [], []
+    hidden = 0
+    for text, gold in inputs:
+        for rule_id in RULE_IDS:
+            if rule_id == "R-001" and (rule_id in gold) and hidden % 2 == 0:
+                skipped.append(SkippedPair(text, rule_id, 0.3))
+            else:
+                verdicts.append(LabelledExample(text, rule_id, rule_id in gold))
+            hidden += rule_id == "R-001" and rule_id in gold
+    alone = LearnedPrefilter(RULES, target_recall=0.95).fit(verdicts)
+    with_skips = LearnedPrefilter(RULES, target_recall=0.95)
+    report = with_skips.fit([*verdicts, *skipped])
+    assert report.skipped == len(skipped) > 10
+    assert report.examples == alone.examples == len(verdicts)
+    kept, lost = report.rules["R-001"], alone.rules["R-001"]
+    assert kept.positives == lost.positives  # the ridge learns from verdicts only
+    assert kept.expected_skip < lost.expected_skip
+    assert kept.skipped_yes == pytest.approx(
+        kept.expected_miss / (kept.expected_miss + kept.expected_skip)
+    )
+    with pytest.raises(ValueError, match="skipped_yes is a probability"):
+        with_skips.fit([*verdicts, SkippedPair("text", "R-001", 1.5)])
+
+
+def test_screen_says_what_the_model_expects_of_the_skipped_rules(
+    trained: LearnedPrefilter,
+) -> None:
+    judged, skipped, skipped_yes = trained.screen(QUIET_TEXT)
+    assert (judged, skipped) == tuple(trained.partition(QUIET_TEXT))
+    assert list(skipped_yes) == skipped
+    report = trained.report
+    assert report is not None
+    for rule_id, rate in skipped_yes.items():
+        assert 0.0 < rate == report.rules[rule_id].skipped_yes < 0.5
+    assert LearnedPrefilter(RULES).screen(QUIET_TEXT).skipped_yes == {}
+
+
+def test_an_internal_target_sets_the_thresholds_not_the_promise(
+    trained: LearnedPrefilter,
+) -> None:
+    data = examples(make_inputs(200, seed=1))
+    strict = LearnedPrefilter(RULES, target_recall=0.95)
+    report = strict.fit(data, internal_target=0.99)
+    at_99 = LearnedPrefilter(RULES, target_recall=0.99)
+    at_99.fit(data)
+    assert (report.target_recall, report.internal_target) == (0.95, 0.99)
+    assert strict.target_recall == 0.95
+    assert at_99.report is not None
+    assert report.rules == at_99.report.rules
+    assert trained.report is not None
+    assert trained.report.internal_target == 0.95  # without one: the target
+    with pytest.raises(ValueError, match="internal_target"):
+        strict.fit(data, internal_target=1.5)
+
+
+def test_a_file_saved_before_internal_targets_loads(
+    trained: LearnedPrefilter, tmp_path: Path
+) -> None:
+    path = trained.save(tmp_path / "model.npz")
+    loaded = LearnedPrefilter.load(path, RULES)
+    assert loaded.report is not None
+    assert loaded.report.internal_target == 0.95
+    with np.load(path, allow_pickle=False) as arrays:
+        header = json.loads(bytes(arrays["header"]).decode())
+        saved = {name: arrays[name] for name in arrays.files if name != "header"}
+    del header["report"]["internal_target"], header["report"]["skipped"]
+    older = tmp_path / "older.npz"
+    np.savez(
+        older, header=np.frombuffer(json.dumps(header).encode(), np.uint8), **saved
+    )
+    report = LearnedPrefilter.load(older, RULES).report
+    assert report is not None
+    assert (report.internal_target, report.skipped) == (0.95, 0)
+    assert LearnedPrefilter.load(older, RULES).select(QUIET_TEXT) == trained.select(
+        QUIET_TEXT
     )

@@ -11,7 +11,7 @@ from pydantic import PrivateAttr
 
 from langchain_tag import ApplicabilityJudge, Rule, Rulebook, TAGRetriever
 from langchain_tag.matching import limiter as limiter_module
-from langchain_tag.matching.limiter import ConcurrencyLimiter
+from langchain_tag.matching.limiter import ConcurrencyLimiter, Slot
 from langchain_tag.testing import FakeClock, RuleAwareFakeChatModel, trigger_rulebook
 from tests.unit_tests.conftest import HANG_GUARD
 
@@ -66,6 +66,128 @@ def test_a_lowered_bound_holds_for_threads_and_event_loops(
     limiter.back_off(0.0, rate_limited=True)
     asyncio.run(judge.ajudge_rules("trigger-001", rules, limiter=limiter))
     assert 2 <= model.peak_in_flight <= 3
+
+
+def test_a_pause_already_waited_is_not_waited_again(clock: FakeClock) -> None:
+    limiter = ConcurrencyLimiter(4)
+    until = limiter.back_off(2.0, rate_limited=True)
+    clock.sleep(5.0)  # the caller's own wait, then a wait for its slot
+    limiter.back_off(1.0, rate_limited=True)  # another caller's pause, to t = 6
+    limiter.wait_turn(after=until)
+    # Before: the pause was counted from the end of the caller's own wait (t = 2),
+    # not from now: 4 s, where 1 s is left.
+    assert clock.sleeps == [5.0, 1.0]
+
+
+# --- a slot given back, and taken again under the lowered bound ---------------------
+
+
+def test_slots_beyond_a_lowered_bound_know_it() -> None:
+    limiter = ConcurrencyLimiter(4)
+    slots = [Slot(limiter) for _ in range(4)]
+    for slot in slots:
+        slot.take()
+    limiter.back_off(0.0, rate_limited=True)  # allowed: 2
+    assert all(slot.held and slot.over_bound for slot in slots)
+    slots[0].give_back()
+    slots[1].give_back()
+    assert not slots[0].held
+    assert not any(slot.over_bound for slot in slots[2:])
+    for slot in slots[2:]:
+        slot.give_back()
+    assert limiter._in_use == 0
+
+
+class _CountingCondition(threading.Condition):
+    """A condition that counts the threads waiting on it, and tells when enough do."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        super().__init__(lock)
+        self.waiting = 0
+        self.enough = 0
+        self.reached = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting += 1  # the lock is held
+        if self.waiting >= self.enough:
+            self.reached.set()
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waiting -= 1
+
+
+def _counting(limiter: ConcurrencyLimiter, enough: int) -> _CountingCondition:
+    condition = _CountingCondition(limiter._lock)
+    condition.enough = enough
+    limiter._freed = condition
+    return condition
+
+
+def test_a_returning_thread_takes_its_slot_before_newcomers() -> None:
+    limiter = ConcurrencyLimiter(2)
+    waits = _counting(limiter, enough=2)
+    holder, returner = Slot(limiter), Slot(limiter)
+    holder.take()
+    returner.take()
+    limiter.back_off(0.0, rate_limited=True)  # allowed: 1
+    returner.give_back()  # backing off after the rate limit
+    newcomer = Slot(limiter)
+    first = threading.Thread(target=newcomer.take)
+    second = threading.Thread(target=returner.take)
+    first.start()
+    second.start()
+    assert waits.reached.wait(HANG_GUARD)  # both wait: the holder has the one slot
+    holder.give_back()
+    second.join(HANG_GUARD)
+    # The returner went first, though the newcomer had waited longer.
+    assert (returner.held, newcomer.held) == (True, False)
+    assert first.is_alive()
+    returner.give_back()
+    first.join(HANG_GUARD)
+    assert newcomer.held
+    newcomer.give_back()
+    assert limiter._in_use == 0
+
+
+async def test_a_returning_task_takes_its_slot_before_newcomers() -> None:
+    limiter = ConcurrencyLimiter(2)
+    holder, returner = Slot(limiter), Slot(limiter)
+    await holder.atake()
+    await returner.atake()
+    limiter.back_off(0.0, rate_limited=True)  # allowed: 1
+    returner.give_back()
+    newcomer = Slot(limiter)
+    first = asyncio.ensure_future(newcomer.atake())
+    await asyncio.sleep(0)  # queued
+    second = asyncio.ensure_future(returner.atake())
+    await asyncio.sleep(0)
+    assert len(limiter._waiting) == 2
+    holder.give_back()
+    await asyncio.wait_for(second, HANG_GUARD)
+    assert (returner.held, newcomer.held) == (True, False)
+    assert not first.done()
+    returner.give_back()
+    await asyncio.wait_for(first, HANG_GUARD)
+    assert newcomer.held
+    newcomer.give_back()
+    assert limiter._in_use == 0
+
+
+async def test_a_slot_taken_again_can_be_cancelled_cleanly() -> None:
+    limiter = ConcurrencyLimiter(1, within=ConcurrencyLimiter(1))
+    holder, returner = Slot(limiter), Slot(limiter)
+    await holder.atake()
+    waiting = asyncio.ensure_future(returner.atake())
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    holder.give_back()
+    assert not returner.held
+    assert (limiter._in_use, limiter.within._in_use) == (0, 0)  # type: ignore[union-attr]
+    async with limiter.ahold() as slot:  # and the slots are free again
+        assert slot.held
 
 
 # --- one bound for threads and event loops -------------------------------------------

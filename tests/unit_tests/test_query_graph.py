@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -59,6 +60,7 @@ from langchain_tag.testing import (
     TransientFakeError,
     trigger_rulebook,
 )
+from langchain_tag.usage import PromptCaching, TokenUsage
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 PEP8_PATH = FIXTURES / "pep8_rulebook.json"
@@ -1366,6 +1368,61 @@ def test_node_cache_skips_judgments_already_made(
 
     graph.invoke({"query": OTHER_QUERY, "rulebook": pep8_json}, context=context)
     assert len(judge_prompts(judge)) == 2 * len(pep8_rulebook)  # a new query
+
+
+CACHING = PromptCaching(min_tokens=64, block_tokens=16)
+"""A provider caching short prefixes, so the fake's prompts are cached."""
+
+
+def test_cost_carries_the_judgments_and_the_executors_tokens(
+    pep8_rulebook: Rulebook, pep8_json: dict[str, Any]
+) -> None:
+    model = RuleAwareFakeChatModel(report_usage=True, prompt_caching=CACHING)
+    output = build_query_graph().invoke(
+        {"query": QUERY, "rulebook": pep8_json},
+        context=QueryContext(judge_model=model),
+    )
+    judged = output["cost"]["judge_usage"]
+    assert judged == output["result"].usage.model_dump()
+    assert judged["calls"] == len(pep8_rulebook)
+    assert judged["input_tokens"] == sum(
+        math.ceil(len(p) / 4) for p in judge_prompts(model)
+    )
+    # The query comes before the rule: later judgments read the shared prefix.
+    assert 0 < judged["cached_input_tokens"] < judged["input_tokens"]
+    executed = output["cost"]["executor_usage"]
+    [prompt] = other_prompts(model)
+    assert (executed["calls"], executed["input_tokens"]) == (
+        1,
+        math.ceil(len(prompt) / 4),
+    )
+
+
+def test_judgments_replayed_from_the_node_cache_cost_nothing(
+    pep8_rulebook: Rulebook, pep8_json: dict[str, Any]
+) -> None:
+    model = RuleAwareFakeChatModel(report_usage=True)
+    graph = build_query_graph(cache=InMemoryCache())
+    inputs: QueryInput = {"query": QUERY, "rulebook": pep8_json}
+    first = graph.invoke(inputs, context=QueryContext(judge_model=model))
+    second = graph.invoke(inputs, context=QueryContext(judge_model=model))
+    assert first["cost"]["judge_usage"]["calls"] == len(pep8_rulebook)
+    # The replayed tasks carry the first run's usage: not paid again.
+    assert second["cost"]["judge_usage"] == TokenUsage().model_dump()
+    assert second["result"].usage == TokenUsage()
+    assert second["cost"]["executor_usage"]["calls"] == 1
+
+
+def test_cost_shows_unknown_tokens_when_the_model_reports_none(
+    pep8_json: dict[str, Any], judge: RuleAwareFakeChatModel
+) -> None:
+    output = build_query_graph().invoke(
+        {"query": QUERY, "rulebook": pep8_json},
+        context=QueryContext(judge_model=judge),
+    )
+    assert output["cost"]["judge_usage"]["calls"] == 9
+    assert output["cost"]["judge_usage"]["input_tokens"] is None
+    assert output["cost"]["executor_usage"]["cached_input_tokens"] is None
 
 
 def test_node_cache_is_keyed_by_profile(

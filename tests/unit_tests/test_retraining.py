@@ -13,6 +13,7 @@ import pytest
 
 from langchain_tag import Rule, Rulebook, Verdict
 from langchain_tag.learning.learned_prefilter import FitReport, LearnedPrefilter
+from langchain_tag.learning.promise import MissBudget, StreamCounts
 from langchain_tag.learning.retraining import Retrainer, RetrainPolicy
 from langchain_tag.learning.verdict_log import SQLiteVerdictLog
 from langchain_tag.testing import trigger_rulebook
@@ -212,3 +213,107 @@ def test_rules_that_form_no_rulebook_fail_the_training_not_the_caller(
     assert "failed" in caplog.text
     assert retrainer.running is None
     assert retrainer.rulebook is RULES
+
+
+# --- keeping the promise: the miss budget, and the Retrainer that applies it --------
+
+
+def counts(**fields: Any) -> StreamCounts:
+    """Stream counts: nothing seen, but for `fields`."""
+    zero: dict[str, Any] = {
+        "inputs": 0,
+        "warm_inputs": 0,
+        "warm_yes": 0,
+        "kept_yes": 0,
+        "shadow_yes": 0,
+        "predicted_misses": 0.0,
+        "explored_misses": 0.0,
+    }
+    return StreamCounts(**(zero | fields))
+
+
+def test_the_shadow_bounds_the_ratio_of_actual_to_predicted_misses() -> None:
+    budget = MissBudget()
+    assert budget.ratio(counts()) == 1.4  # nothing predicted: the allowance
+    # No shadow YES where 10 were expected: chi2_0.95(2) / 2 / eP = 5.9915 / 20.
+    few = counts(predicted_misses=200.0, explored_misses=10.0)
+    assert budget.ratio(few) == pytest.approx(0.29957, abs=1e-5)
+    # 10 shadow YES where 2 were expected: chi2_0.05(20) / 2 / eP = 10.8508 / 4.
+    many = counts(shadow_yes=10, predicted_misses=40.0, explored_misses=2.0)
+    assert budget.ratio(many) == pytest.approx(2.71270, abs=1e-5)
+    # 1 where 1 was expected: both bounds (4.74 and 0.05) leave the allowance.
+    as_expected = counts(shadow_yes=1, predicted_misses=20.0, explored_misses=1.0)
+    assert budget.ratio(as_expected) == 1.4
+
+
+def test_the_internal_target_by_hand() -> None:
+    stream = counts(
+        inputs=80,
+        warm_inputs=20,
+        warm_yes=60,
+        kept_yes=200,
+        predicted_misses=3.0,
+        explored_misses=0.15,
+    )
+    plan = MissBudget().plan(stream, 0.95, window=20)
+    # beta = 1.4: the shadow's upper bound, 5.9915 / 2 / 0.15 = 19.97, is looser.
+    assert plan.ratio == 1.4
+    assert plan.yes_so_far == pytest.approx(204.2)  # 200 + 1.4 x 3
+    assert plan.window_yes == pytest.approx(66.05)  # (60 + 204.2) / 80 x 20
+    assert plan.allowed_misses == pytest.approx(13.5125)  # 0.05 x (204.2 + 66.05)
+    # X + 1.645 sqrt(1.5 X) = 13.5125
+    assert plan.expected_misses == pytest.approx(7.86304, abs=1e-5)
+    assert plan.window_misses == pytest.approx(2.61646, abs=1e-5)  # X / 1.4 - 3
+    assert plan.internal_target == pytest.approx(0.960387, abs=1e-6)  # 1 - m / y
+
+
+def test_the_internal_target_is_strict_early_and_clipped() -> None:
+    budget = MissBudget()
+    # The first training: the warm-up's 66 YES in 20 inputs, a window of 33.
+    first = budget.plan(counts(inputs=20, warm_inputs=20, warm_yes=66), 0.95, 33)
+    assert first.internal_target == pytest.approx(0.98456, abs=1e-5)
+    # The misses predicted so far already spend the budget: the ceiling.
+    spent = counts(inputs=80, warm_yes=60, kept_yes=200, predicted_misses=10.0)
+    assert budget.plan(spent, 0.95, 20).internal_target == 0.999
+    # Plenty of YES and no miss: no lower than 1 - 4 (1 - t).
+    plenty = counts(inputs=1000, kept_yes=100_000)
+    assert budget.plan(plenty, 0.95, 10).internal_target == pytest.approx(0.8)
+    assert budget.plan(plenty, 1.0, 10).internal_target == 1.0
+    with pytest.raises(ValueError, match="target"):
+        budget.plan(plenty, 0.0, 10)
+
+
+def test_the_retrainer_aims_at_the_controllers_target(log: SQLiteVerdictLog) -> None:
+    prefilter = LearnedPrefilter(RULES, target_recall=0.9, min_examples=5)
+    retrainer = Retrainer(prefilter, log, RULES, every=40)
+    fill(log, 10)  # 40 verdicts, all of the warm-up
+    future = retrainer.poll()
+    assert future is not None
+    report = future.result(timeout=60)
+    plan = retrainer.last_plan
+    assert plan is not None
+    assert report.internal_target == plan.internal_target > 0.9
+    assert report.target_recall == prefilter.target_recall == 0.9
+    # The next window: 40 verdicts at 4 per input, 10 inputs of one YES each.
+    assert plan.window_yes == pytest.approx(10.0)
+
+
+def test_without_a_budget_it_trains_on_the_verdicts_alone(
+    log: SQLiteVerdictLog,
+) -> None:
+    prefilter = LearnedPrefilter(RULES, target_recall=0.9, min_examples=5)
+    fill(log, 10)
+    rule = RULES.rules[3]
+    log.record_skipped("alpha n0", [("R-003", rule.content_hash(), 0.2)], explore=0.05)
+    fill(log, 1, start=10)  # writes the skip record
+    retrainer = Retrainer(prefilter, log, RULES, every=40, budget=None)
+    future = retrainer.poll()
+    assert future is not None
+    report = future.result(timeout=60)
+    assert retrainer.last_plan is None
+    assert report.internal_target == 0.9
+    assert report.skipped == 0
+    fresh = LearnedPrefilter(RULES, min_examples=5)
+    future = Retrainer(fresh, log, RULES, every=4).poll()
+    assert future is not None
+    assert future.result(timeout=60).skipped == 1

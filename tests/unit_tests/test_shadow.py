@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
 
 from langchain_tag import Rule, Rulebook, Verdict
 from langchain_tag.learning.learned_prefilter import LabelledExample, LearnedPrefilter
 from langchain_tag.learning.shadow import ShadowJudging, estimate_recall, explore_pairs
+from langchain_tag.learning.verdict_log import SQLiteVerdictLog
 from langchain_tag.testing import trigger_rulebook
 
 RULES = trigger_rulebook(8)
@@ -215,3 +221,57 @@ def test_observe_is_thread_safe(trained: LearnedPrefilter) -> None:
     for thread in threads:
         thread.join()
     assert shadow.counts == (1600, 1600)
+
+
+# --- skip records, and what is promised ----------------------------------------------
+
+
+def test_partition_records_the_skipped_pairs_in_the_log(
+    trained: LearnedPrefilter, tmp_path: Path
+) -> None:
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    shadow = ShadowJudging(trained, explore=0.5, log=log)
+    judged, explored = shadow.partition(QUIET, RULES.rules)
+    _, skipped, rates = trained.screen(QUIET)
+    assert skipped
+    assert log.pending == len(skipped)  # with the log's next write, not now
+    log.flush()
+    assert [(s.text, s.rule_id, s.skipped_yes, s.explore) for s in log.skips()] == [
+        (QUIET, rule_id, rates[rule_id], 0.5) for rule_id in skipped
+    ]
+    # Explored ones are skip records too: their verdicts will say what they were.
+    assert set(explored) <= set(skipped)
+    assert not set(skipped) - set(explored) & {r.rule_id for r in judged}
+    # Nothing skipped, nothing recorded: an untrained prefilter.
+    ShadowJudging(LearnedPrefilter(RULES), log=log).partition(QUIET, RULES.rules)
+    assert log.pending == 0
+
+
+class PartitionOnly(BaseRetriever):
+    """A prefilter that says what it skipped, but not how likely a YES was."""
+
+    def partition(
+        self, text: str, candidates: Sequence[Rule]
+    ) -> tuple[list[str], list[str]]:
+        ids = [rule.rule_id for rule in candidates]
+        return ids[:2], ids[2:]
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return []
+
+
+def test_a_prefilter_without_rates_records_no_skips(tmp_path: Path) -> None:
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    shadow = ShadowJudging(PartitionOnly(), explore=0.0, log=log)  # type: ignore[arg-type]
+    judged, _ = shadow.partition(QUIET, RULES.rules)
+    assert [r.rule_id for r in judged] == RULE_IDS[:2]
+    assert log.pending == 0
+
+
+def test_the_estimate_carries_the_promise(trained: LearnedPrefilter) -> None:
+    estimate = ShadowJudging(trained).observe(yes("R-001"), [])
+    assert estimate is not None
+    assert estimate.promised == trained.target_recall == 0.95
+    assert estimate.estimate == 1.0  # measured: nothing missed yet

@@ -24,16 +24,20 @@ from langchain_tag import ApplicabilityJudge, Rule, Rulebook, Verdict
 from langchain_tag._text import digest
 from langchain_tag.cli import verdicts as verdicts_cli
 from langchain_tag.cli.errors import CommandError
+from langchain_tag.learning import verdict_log
 from langchain_tag.learning.learned_prefilter import (
     FeatureHashing,
     HashedFeatures,
     LabelledExample,
     LearnedPrefilter,
+    SkippedPair,
 )
 from langchain_tag.learning.verdict_log import (
+    LogRecord,
     MissingVerdictLogError,
     PostgresVerdictLog,
     Retention,
+    SkipRecord,
     SQLiteVerdictLog,
     VerdictLogWarning,
     VerdictRecord,
@@ -455,7 +459,7 @@ class FlakyLog(SQLiteVerdictLog):
         self.gate: tuple[threading.Event, threading.Event, threading.Event] | None
         self.gate = None
 
-    def _insert(self, records: Sequence[VerdictRecord]) -> None:
+    def _insert(self, records: Sequence[LogRecord]) -> None:
         conn = self._connections.get()
         self.busy_timeouts.append(conn.execute("PRAGMA busy_timeout").fetchone()[0])
         self.sizes.append(len(records))
@@ -912,7 +916,11 @@ def test_read_only_refuses_what_is_not_a_log_and_creates_nothing(
     log_path = SQLiteVerdictLog(tmp_path / "log.sqlite").path
     with pytest.raises(MissingVerdictLogError, match="no table verdicts or verdicts_"):
         SQLiteVerdictLog(log_path, table="verdicts", read_only=True)
-    assert _tables(log_path) == ["verdict_log", "verdict_log_inputs"]
+    assert _tables(log_path) == [
+        "verdict_log",
+        "verdict_log_inputs",
+        "verdict_log_skipped",
+    ]
     with sqlite3.connect(other) as conn:
         conn.execute("CREATE TABLE verdict_log (id INTEGER, rule_id TEXT)")
         conn.execute("CREATE TABLE verdict_log_inputs (digest TEXT)")
@@ -933,3 +941,178 @@ def test_a_read_only_log_refuses_writes(tmp_path: Path) -> None:
         log.clear()
     assert (len(log), log.pending) == (0, 0)
     log.close()
+
+
+# --- skip records: what a learned prefilter skipped, not verdicts --------------------
+
+
+def skip(log: SQLiteVerdictLog, text: str, *rates: tuple[int, float]) -> None:
+    """Record that rules R-00i were skipped for `text`, with their P(YES | skipped)."""
+    rules = [(f"R-{i:03d}", RULES.rules[i].content_hash(), rate) for i, rate in rates]
+    log.record_skipped(text, rules, explore=0.05)
+
+
+@pytest.mark.parametrize("store_text", [True, False])
+def test_skip_records_round_trip_and_are_no_verdicts(
+    tmp_path: Path, *, store_text: bool
+) -> None:
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite", store_text=store_text)
+    skip(log, PRIVATE_INPUT, (2, 0.125), (3, 0.5))
+    assert log.pending == 2  # waiting for the next write, not written at once
+    assert list(log.skips()) == []
+    log_inputs(log, [PRIVATE_INPUT])  # the judge's verdicts take them along
+    assert log.pending == 0
+    skips = list(log.skips())
+    stored = PRIVATE_INPUT if store_text else FeatureHashing().hash(PRIVATE_INPUT)
+    assert [
+        (s.id, s.rule_id, s.rule_hash, s.skipped_yes, s.explore) for s in skips
+    ] == [
+        (1, "R-002", RULES.rules[2].content_hash(), 0.125, 0.05),
+        (2, "R-003", RULES.rules[3].content_hash(), 0.5, 0.05),
+    ]
+    assert {s.text if store_text else s.features for s in skips} == {stored}
+    # The readers of verdicts do not see them.
+    assert all(isinstance(r, VerdictRecord) for r in log.records())
+    assert len(log) == log.position() == log.stats().verdicts == 4
+    assert log.stats().skipped == 2
+    out = io.StringIO()
+    assert log.export(out) == 4
+    assert "skipped_yes" not in out.getvalue()
+    assert all(type(e) is LabelledExample for e in log.examples(RULES))
+    # Asked for, they come as SkippedPairs, merged with the verdicts by time.
+    found = list(log.examples(RULES, skipped=True))
+    assert found[:2] == [
+        SkippedPair(stored, "R-002", 0.125),
+        SkippedPair(stored, "R-003", 0.5),
+    ]
+    assert found[2:] == list(log.examples(RULES))
+    # A rule edited since: its skip record is stale, as its verdicts are.
+    edited = RULES.rules[3].model_copy(update={"condition": "edited"})
+    current = Rulebook(rules=[*RULES.rules[:3], edited])
+    assert [e.rule_id for e in log.examples(current, skipped=True)][:1] == ["R-002"]
+    assert len(list(log.examples(current, skipped=True))) == 4
+    log.clear()
+    assert list(log.skips()) == []
+
+
+def test_skip_records_wait_for_a_write_at_most_so_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(verdict_log, "_DEFERRED_AT_MOST", 3)
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    skip(log, "a", (0, 0.1), (1, 0.1))
+    assert (log.pending, log.stats().skipped) == (2, 0)
+    skip(log, "b", (0, 0.1))  # the third: written at once
+    assert (log.pending, log.stats().skipped) == (0, 3)
+    skip(log, "c", (2, 0.2))
+    assert log.flush() == 1
+    assert [s.text for s in log.skips()] == ["a", "a", "b", "c"]
+    log.record_skipped("d", [], explore=0.05)
+    assert log.pending == 0
+    with pytest.raises(ValueError, match="less than or equal to 1"):
+        log.record_skipped("e", [("R-000", "hash", 1.5)], explore=0.05)
+
+
+def test_skip_records_wait_out_a_failing_store(tmp_path: Path) -> None:
+    log = FlakyLog(tmp_path / "log.sqlite", clock=FakeClock().monotonic)
+    log.down = sqlite3.OperationalError("database is locked")
+    skip(log, "while down", (1, 0.2))
+    with pytest.warns(VerdictLogWarning, match="cannot be written"):
+        log_inputs(log, ["while down"])
+    assert log.pending == 5
+    log.down = None
+    assert log.flush() == 5
+    assert [s.text for s in log.skips()] == ["while down"]
+    assert len(log) == 4
+
+
+def test_retention_prunes_skip_records_with_the_verdicts(tmp_path: Path) -> None:
+    log = SQLiteVerdictLog(
+        tmp_path / "log.sqlite", retention=Retention(max_age=timedelta(days=1))
+    )
+    rule = RULES.rules[0]
+    old = SkipRecord.of("old", rule, 0.1, explore=0.05)
+    log.append([old.model_copy(update={"created": 0.0})])  # 1970
+    skip(log, "skipped only", (1, 0.2))  # an input no verdict points at
+    log_inputs(log, ["new"])
+    assert log.prune() == 0  # verdicts deleted: none
+    assert [s.text for s in log.skips()] == ["skipped only"]
+    # The input of "old" is gone, that of "skipped only" is kept.
+    assert log.stats().inputs_with_text == 2
+    rows = SQLiteVerdictLog(tmp_path / "rows.sqlite", retention=Retention(max_rows=4))
+    log_inputs(rows, ["first"])
+    skip(rows, "first", (1, 0.2))
+    log_inputs(rows, ["second"])
+    older = SkipRecord.of("zero", rule, 0.1, explore=0.05)
+    rows.append([older.model_copy(update={"created": 0.0})])
+    assert rows.prune() == 4
+    assert [s.text for s in rows.skips()] == []  # older than every verdict kept
+
+
+def test_a_log_made_before_skip_records(tmp_path: Path) -> None:
+    path = old_log(tmp_path / "old.sqlite")
+    reader = SQLiteVerdictLog(path, read_only=True)
+    assert list(reader.skips()) == []
+    assert reader.stats().skipped == 0
+    assert [type(e) for e in reader.examples(RULES, skipped=True)] == [LabelledExample]
+    assert reader.stream_counts().model_dump() == {
+        "inputs": 1,
+        "warm_inputs": 1,
+        "warm_yes": 1,
+        "kept_yes": 0,
+        "shadow_yes": 0,
+        "predicted_misses": 0.0,
+        "explored_misses": 0.0,
+        "recent_inputs": 1,
+        "recent_verdicts": 1,
+    }
+    reader.close()
+    assert "verdict_log_skipped" not in _tables(path)  # reading changed nothing
+    SQLiteVerdictLog(path).close()  # opened to write: it gets the table
+    assert "verdict_log_skipped" in _tables(path)
+
+
+def test_stream_counts_by_hand(tmp_path: Path) -> None:
+    log = SQLiteVerdictLog(tmp_path / "log.sqlite")
+    judge = {rule.rule_id: rule for rule in RULES.rules}
+
+    def judged(text: str, rule_id: str, *, applies: bool, **fields: Any) -> None:
+        verdict = Verdict(rule_id=rule_id, applies=applies)
+        log.record(text, judge[rule_id], verdict, **fields)
+
+    # The warm-up: every rule judged, two YES.
+    for rule_id, applies in [("R-000", True), ("R-001", False), ("R-002", False)]:
+        judged("warm", rule_id, applies=applies)
+    judged("warm", "R-003", applies=True)
+    mark = log.position()
+    # Screened: R-002 and R-003 skipped (0.2 and 0.1 expected), R-003 explored.
+    hashes = {rule_id: rule.content_hash() for rule_id, rule in judge.items()}
+    log.record_skipped(
+        "screened",
+        [("R-002", hashes["R-002"], 0.2), ("R-003", hashes["R-003"], 0.1)],
+        explore=0.5,
+    )
+    judged("screened", "R-000", applies=False)
+    judged("screened", "R-000", applies=True)  # again: the last verdict counts
+    judged("screened", "R-001", applies=False)
+    judged("screened", "R-003", applies=True, explore=0.5)
+    # Not applicability verdicts, or failed: not counted.
+    judged("screened", "R-001", applies=True, source="relevance")
+    log.record(
+        "screened",
+        judge["R-002"],
+        Verdict(rule_id="R-002", applies=False, error="timeout"),
+    )
+    counts = log.stream_counts(since=mark)
+    assert counts.model_dump() == {
+        "inputs": 2,
+        "warm_inputs": 1,
+        "warm_yes": 2,
+        "kept_yes": 1,
+        "shadow_yes": 1,
+        "predicted_misses": pytest.approx(0.3),
+        "explored_misses": pytest.approx(0.15),
+        "recent_inputs": 1,
+        "recent_verdicts": 6,
+    }
+    assert log.stream_counts(sources=None).kept_yes == 2  # with the relevance YES

@@ -1,0 +1,481 @@
+"""Batch jobs: split, upload, create, poll and download, recorded for resuming.
+
+Every batch is recorded in the store before it is created (under its input file's
+id) and again once created (its batch id), so that a run killed at any point leaves
+what it paid for findable: the next run polls the recorded batches instead of
+creating them again, and adopts a batch created just before the kill by listing the
+account's batches. A finished batch's answers are stored (under their custom id)
+before its record is deleted; so a kill while reading loses nothing either.
+
+Several processes may share one store (shards of a job over one database): a call
+collects only the records holding its own requests, and creates the batch of a
+record it did not make only once the record has stayed without one for
+`adopt_grace` seconds, so it never pays again for a batch another live process is
+about to create. Polling outlasts transient API errors (they read as "still
+running") until `max_wait`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import openai
+from langchain_core.stores import BaseStore
+from openai.types import Batch
+from pydantic import BaseModel, ConfigDict, Field
+
+from langchain_tag.batch._requests import ENDPOINT, BatchLaneError, request_line
+from langchain_tag.models import CallRetry
+
+logger = logging.getLogger(__name__)
+
+RECORDS = "tag-batch:job:"
+"""Prefix of the store keys of batch records: `tag-batch:job:<lane>:<file id>`."""
+ANSWERS = "tag-batch:answer:"
+"""Prefix of the stored answers: `tag-batch:answer:<lane>:<custom id>`."""
+
+Lane = Literal["judge", "execute"]
+
+_TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+_RUNNING = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
+_ADOPT_SLACK = 3600
+"""Seconds before its file's upload that a batch listing stops looking for it."""
+
+
+class BatchSettings(BaseModel):
+    """How batches are made and waited for.
+
+    The limits default to OpenAI's (50,000 requests and 200 MB per input file);
+    `sleep` and `clock` are what polling waits with and measures `max_wait` by
+    (tests pass a fake clock's).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    max_requests_per_file: int = Field(default=50_000, ge=1)
+    """Requests per input file (one batch each)."""
+    max_bytes_per_file: int = Field(default=200_000_000, ge=1)
+    """Bytes per input file."""
+    completion_window: Literal["24h"] = "24h"
+    poll_interval: float = Field(default=60.0, ge=0)
+    """Seconds between two polls of the running batches."""
+    max_wait: float | None = Field(default=None, ge=0)
+    """Seconds to wait for the batches; then return with them still running (their
+    requests counted as pending; a later call collects them). None: until done;
+    0: submit and return."""
+    adopt_grace: float = Field(default=300.0, ge=0)
+    """Seconds a record another process saved must stay without a batch (none
+    listed for its file) before this call creates that batch: the other process
+    may be about to."""
+    metadata: dict[str, str] = Field(default_factory=dict)
+    """Added to every batch's metadata (shown in the provider's dashboard)."""
+    sleep: Callable[[float], None] = Field(default=time.sleep, exclude=True)
+    clock: Callable[[], float] = Field(default=time.monotonic, exclude=True)
+
+
+class BatchProgress(BaseModel):
+    """One poll of one batch: what a progress callback receives."""
+
+    batch_id: str
+    status: str
+    completed: int = 0
+    failed: int = 0
+    total: int = 0
+    waited: float = Field(description="Seconds since this call began polling.")
+
+
+class BatchFile(BaseModel):
+    """An input file uploaded and the batch made of it."""
+
+    file_id: str
+    batch_id: str | None = None
+    requests: int
+    bytes: int
+
+
+class JobRecord(BaseModel):
+    """What is kept of a batch until its answers are stored."""
+
+    lane: Lane
+    endpoint: str
+    """The API's base URL: a record is collected through a client of the same."""
+    file_id: str
+    batch_id: str | None = None
+    custom_ids: list[str]
+    created: int
+    """When the input file was uploaded (the provider's clock)."""
+
+    @property
+    def key(self) -> str:
+        """The record's store key."""
+        return f"{RECORDS}{self.lane}:{self.file_id}"
+
+
+@dataclass
+class Collected:
+    """What polling the recorded batches came to."""
+
+    failures: dict[str, str] = field(default_factory=dict)
+    """Custom id -> why its line came back without an answer."""
+    failed_batches: list[Batch] = field(default_factory=list)
+    """Batches that failed validation (nothing in them was run)."""
+    collected: list[str] = field(default_factory=list)
+    """Batch ids finished and read."""
+    running: list[JobRecord] = field(default_factory=list)
+    """Records of the batches still running when `max_wait` ran out (or not yet
+    created: see `BatchSettings.adopt_grace`)."""
+
+
+class BatchJobs:
+    """The batches of one lane at one API, kept in `store`."""
+
+    def __init__(
+        self,
+        client: openai.OpenAI,
+        store: BaseStore[str, str],
+        lane: Lane,
+        settings: BatchSettings,
+        progress: Callable[[BatchProgress], None] | None = None,
+    ) -> None:
+        """Work through `client`, recording in `store` under `lane`'s keys."""
+        self.client = client
+        self.store = store
+        self.lane = lane
+        self.settings = settings
+        self.progress = progress
+        self.endpoint = str(client.base_url)
+        self._transient = CallRetry().is_transient
+        self._own: set[str] = set()
+        """Keys of the records this object saved (their batches it creates)."""
+
+    # -- records --------------------------------------------------------------------
+
+    def records(self) -> list[JobRecord]:
+        """The recorded batches of this lane at this API, oldest first."""
+        keys = list(self.store.yield_keys(prefix=f"{RECORDS}{self.lane}:"))
+        found = [
+            JobRecord.model_validate_json(value)
+            for value in self.store.mget(keys)
+            if value is not None
+        ]
+        return sorted(
+            (r for r in found if r.endpoint == self.endpoint),
+            key=lambda r: (r.created, r.file_id),
+        )
+
+    def _save(self, record: JobRecord) -> None:
+        self.store.mset([(record.key, record.model_dump_json())])
+        self._own.add(record.key)
+
+    def _reloaded(self, record: JobRecord) -> JobRecord | None:
+        """The record as stored now (another process may have added its batch id)."""
+        (value,) = self.store.mget([record.key])
+        return None if value is None else JobRecord.model_validate_json(value)
+
+    # -- submitting -----------------------------------------------------------------
+
+    def submit(
+        self, requests: Iterable[tuple[str, Mapping[str, Any]]]
+    ) -> list[BatchFile]:
+        """Upload `requests` (custom id, body) in files within the limits; a batch each.
+
+        Each file is uploaded and batched as soon as it is full, so at most one
+        file's requests are in memory.
+
+        Raises:
+            BatchLaneError: One request alone is larger than `max_bytes_per_file`.
+        """
+        files = []
+        for chunk in self._split(requests):
+            content = b"".join(line for _, line in chunk)
+            uploaded = self.client.files.create(
+                file=(f"tag-{self.lane}.jsonl", content), purpose="batch"
+            )
+            record = JobRecord(
+                lane=self.lane,
+                endpoint=self.endpoint,
+                file_id=uploaded.id,
+                custom_ids=[custom_id for custom_id, _ in chunk],
+                created=uploaded.created_at,
+            )
+            self._save(record)
+            _, batch = self._create(record)
+            files.append(
+                BatchFile(
+                    file_id=uploaded.id,
+                    batch_id=batch.id,
+                    requests=len(chunk),
+                    bytes=len(content),
+                )
+            )
+        return files
+
+    def _split(
+        self, requests: Iterable[tuple[str, Mapping[str, Any]]]
+    ) -> Iterator[list[tuple[str, bytes]]]:
+        most, limit = (
+            self.settings.max_requests_per_file,
+            self.settings.max_bytes_per_file,
+        )
+        chunk: list[tuple[str, bytes]] = []
+        size = 0
+        for custom_id, body in requests:
+            line = request_line(custom_id, body)
+            if len(line) > limit:
+                msg = (
+                    f"The request {custom_id} is {len(line):,} bytes, more than a "
+                    f"batch file may hold (max_bytes_per_file={limit:,}); shorten "
+                    "its input or judge it online."
+                )
+                raise BatchLaneError(msg)
+            if chunk and (len(chunk) == most or size + len(line) > limit):
+                yield chunk
+                chunk, size = [], 0
+            chunk.append((custom_id, line))
+            size += len(line)
+        if chunk:
+            yield chunk
+
+    def _create(self, record: JobRecord) -> tuple[JobRecord, Batch]:
+        batch = self.client.batches.create(
+            input_file_id=record.file_id,
+            endpoint=ENDPOINT,
+            completion_window=self.settings.completion_window,
+            metadata={"tag_lane": self.lane, **self.settings.metadata},
+        )
+        return self._with_batch(record, batch), batch
+
+    def _with_batch(self, record: JobRecord, batch: Batch) -> JobRecord:
+        record = record.model_copy(update={"batch_id": batch.id})
+        self._save(record)
+        return record
+
+    def _adopt(
+        self, record: JobRecord, orphaned: float
+    ) -> tuple[JobRecord, Batch | None]:
+        """The batch of a record saved before its creation: found, else created.
+
+        A record this object did not save gets its batch created only once it has
+        been seen without one for `adopt_grace` seconds (`orphaned` is when it was
+        first seen so); until then its batch is None (still to come).
+        """
+        for batch in self.client.batches.list(limit=100):  # newest first
+            if batch.input_file_id == record.file_id:
+                return self._with_batch(record, batch), batch
+            if batch.created_at < record.created - _ADOPT_SLACK:
+                break
+        waited = self.settings.clock() - orphaned
+        if record.key in self._own or waited >= self.settings.adopt_grace:
+            return self._create(record)
+        return record, None
+
+    # -- collecting -----------------------------------------------------------------
+
+    def holding(self, custom_ids: AbstractSet[str]) -> list[JobRecord]:
+        """The recorded batches holding any of `custom_ids`, oldest first."""
+        return [r for r in self.records() if not custom_ids.isdisjoint(r.custom_ids)]
+
+    def collect(self, custom_ids: AbstractSet[str]) -> Collected:
+        """Poll the batches holding `custom_ids` until they end (or `max_wait`).
+
+        Only those: another process sharing the store polls its own. A finished
+        batch's answers are stored and its record deleted; lines that came back
+        without an answer (an error, expiry, cancellation) are reported in
+        `failures`; a batch that failed validation in `failed_batches`.
+        """
+        settings = self.settings
+        collected = Collected()
+        live = self.holding(custom_ids)
+        start = settings.clock()
+        orphaned: dict[str, float] = {}
+        while live:
+            running = []
+            for known in live:
+                polled = self._poll(known, start, orphaned)
+                if polled is None:
+                    continue
+                record, batch = polled
+                if batch is None or batch.status not in _TERMINAL:
+                    running.append(record)
+                elif not self._finish(record, batch, collected):
+                    running.append(record)  # read again at the next poll
+            live = running
+            waited = settings.clock() - start
+            if not live or (
+                settings.max_wait is not None
+                and waited + settings.poll_interval > settings.max_wait
+            ):
+                break
+            settings.sleep(settings.poll_interval)
+        collected.running = live
+        return collected
+
+    def _poll(
+        self, record: JobRecord, start: float, orphaned: dict[str, float]
+    ) -> tuple[JobRecord, Batch | None] | None:
+        """The record (with its batch id) and the batch's state now.
+
+        The batch is None when there is no news: a transient API error, or a batch
+        still to be created by the process that saved the record. None (the
+        record dropped) if the API does not know the batch, or another process
+        finished it.
+        """
+        try:
+            if record.batch_id is None and record.key not in self._own:
+                reloaded = self._reloaded(record)
+                if reloaded is None:  # another process read it
+                    return None
+                record = reloaded
+            if record.batch_id is None:
+                since = orphaned.setdefault(record.key, self.settings.clock())
+                record, found = self._adopt(record, since)
+                if found is None:
+                    return record, None
+                batch = found
+            else:
+                batch = self.client.batches.retrieve(record.batch_id)
+        except openai.NotFoundError:
+            logger.warning(
+                "Batch %s (file %s) is unknown to %s; its record is dropped and "
+                "its requests will be sent again.",
+                record.batch_id,
+                record.file_id,
+                self.endpoint,
+            )
+            self.store.mdelete([record.key])
+            return None
+        except Exception as error:
+            if not self._transient(error):
+                raise
+            logger.warning(
+                "Polling batch %s failed (%s); trying again at the next poll.",
+                record.batch_id or record.file_id,
+                error,
+            )
+            return record, None
+        if self.progress is not None:
+            counts = batch.request_counts
+            self.progress(
+                BatchProgress(
+                    batch_id=batch.id,
+                    status=batch.status,
+                    completed=counts.completed if counts else 0,
+                    failed=counts.failed if counts else 0,
+                    total=counts.total if counts else len(record.custom_ids),
+                    waited=self.settings.clock() - start,
+                )
+            )
+        return record, batch
+
+    def _finish(self, record: JobRecord, batch: Batch, collected: Collected) -> bool:
+        """Store an ended batch's answers and drop its record.
+
+        False if a transient error stopped the download (tried at the next poll).
+        """
+        if batch.status == "failed":
+            collected.failed_batches.append(batch)
+            self.store.mdelete([record.key])
+            return True
+        try:
+            contents = [
+                self.client.files.content(file_id).text
+                for file_id in (batch.output_file_id, batch.error_file_id)
+                if file_id is not None
+            ]
+        except Exception as error:
+            if not self._transient(error):
+                raise
+            logger.warning(
+                "Downloading the output of batch %s failed (%s); trying again at "
+                "the next poll.",
+                batch.id,
+                error,
+            )
+            return False
+        answers: dict[str, str] = {}
+        failures: dict[str, str] = {}
+        for content in contents:
+            for custom_id, body, why in _lines(content):
+                if body is not None:
+                    answers[custom_id] = body
+                else:
+                    failures[custom_id] = why
+        for custom_id in record.custom_ids:
+            if custom_id not in answers and custom_id not in failures:
+                failures[custom_id] = f"no answer in batch {batch.status}"
+        self.store.mset(
+            [(self._answer_key(key), body) for key, body in answers.items()]
+        )
+        self.store.mdelete([record.key])
+        for custom_id in answers:
+            failures.pop(custom_id, None)
+        collected.failures.update(failures)
+        collected.collected.append(batch.id)
+        return True
+
+    # -- answers --------------------------------------------------------------------
+
+    def _answer_key(self, custom_id: str) -> str:
+        return f"{ANSWERS}{self.lane}:{custom_id}"
+
+    def answers(self, custom_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The stored answers (chat completion bodies) of `custom_ids`."""
+        ids = list(custom_ids)
+        stored = self.store.mget([self._answer_key(i) for i in ids])
+        return {
+            custom_id: json.loads(value)
+            for custom_id, value in zip(ids, stored, strict=True)
+            if value is not None
+        }
+
+    def answered(self, custom_ids: Iterable[str]) -> set[str]:
+        """Those of `custom_ids` whose answers are stored."""
+        ids = list(custom_ids)
+        stored = self.store.mget([self._answer_key(i) for i in ids])
+        return {i for i, value in zip(ids, stored, strict=True) if value is not None}
+
+    def forget(self, custom_ids: Iterable[str]) -> None:
+        """Delete the stored answers of `custom_ids` (kept elsewhere now)."""
+        self.store.mdelete([self._answer_key(i) for i in custom_ids])
+
+    def cancel(self) -> list[str]:
+        """Ask the API to cancel every recorded batch still running; their ids."""
+        cancelled = []
+        for record in self.records():
+            if record.batch_id is None:
+                continue
+            batch = self.client.batches.retrieve(record.batch_id)
+            if batch.status in _RUNNING and batch.status != "cancelling":
+                self.client.batches.cancel(record.batch_id)
+                cancelled.append(record.batch_id)
+        return cancelled
+
+
+def _lines(content: str) -> Iterable[tuple[str, str | None, str]]:
+    """(custom id, answer body as JSON or None, why not) of an output or error file."""
+    for raw in content.splitlines():
+        if not raw.strip():
+            continue
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue  # its request is then reported as not answered
+        custom_id = line.get("custom_id")
+        if not isinstance(custom_id, str):
+            continue
+        response = line.get("response") or {}
+        error = line.get("error")
+        status = response.get("status_code")
+        body = response.get("body")
+        if error:
+            yield custom_id, None, str(error.get("code") or "error")
+        elif status != 200 or not isinstance(body, dict):  # noqa: PLR2004
+            yield custom_id, None, f"HTTP {status}"
+        else:
+            yield custom_id, json.dumps(body), ""
