@@ -59,6 +59,7 @@ __all__ = [
     "BulkInputError",
     "BulkJob",
     "BulkJobMismatchError",
+    "BulkOutputBusyError",
     "BulkPendingError",
     "BulkRecord",
     "BulkRunError",
@@ -292,6 +293,10 @@ class BulkRunError(TAGError, RuntimeError):
         )
 
 
+class BulkOutputBusyError(BulkJobMismatchError):
+    """Another run is writing the same output."""
+
+
 class BulkPendingError(TAGError, RuntimeError):
     """Batches are still running at `max_wait`: run again later to collect them."""
 
@@ -353,6 +358,34 @@ class _Output:
         with self._lock:
             if self._file is None:
                 self._file = self.path.open("a", encoding="utf-8")
+
+    def claim(self) -> None:
+        """Open the file and hold its lock: one run writes an output at a time.
+
+        A second run on the same output (an overlapping cron job, a resume while
+        the first still runs) would do the same inputs again and append their ids
+        twice. The lock is advisory (`flock`), released when the file is closed
+        or the process ends; where `fcntl` is missing (Windows) there is none.
+
+        Raises:
+            BulkOutputBusyError: Another run holds the lock.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.open()
+        try:
+            import fcntl  # noqa: PLC0415 - POSIX only
+        except ImportError:
+            return
+        assert self._file is not None  # noqa: S101 - opened above
+        try:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.close()
+            msg = (
+                f"{self.path} is being written by another run (of this job, or "
+                "another): wait for it to end, then run again to resume."
+            )
+            raise BulkOutputBusyError(msg) from None
 
     def append(self, line: str) -> None:
         self.open()
@@ -532,9 +565,14 @@ class BulkJob:
         """
         started = time.perf_counter()
         path = Path(out)
-        todo, already, torn = self.pending(inputs, path)
+        output = _Output(path)
+        output.claim()  # before looking at what is written: no other run writes
+        try:
+            todo, already, torn = self.pending(inputs, path)
+        except BaseException:
+            output.close()
+            raise
         torn = torn or self._torn  # cut by an earlier look at `pending`
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._write_manifest(path)
         counter = UsageCounter()
         config = counter.watch(config)
@@ -548,8 +586,6 @@ class BulkJob:
             via=self.via,
             torn_line=torn,
         )
-        output = _Output(path)
-        output.open()  # an empty shard still leaves its (empty) file
         try:
             if self.via == "batch" and todo:
                 self._run_batch(todo, output, summary, config, progress)

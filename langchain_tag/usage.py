@@ -293,19 +293,32 @@ class SimulatedPromptCache:
         caching: What the provider caches.
         count: Tokens of a text (e.g. the estimate's tokenizer).
         in_flight: Calls in flight at once.
+        keep: Prompts remembered, the most recent; None for all. A provider keeps
+            a prefix for minutes, not for a whole corpus, and remembering every
+            prompt of a large job would hold them all in memory.
     """
 
     def __init__(
-        self, caching: PromptCaching, count: Callable[[str], int], *, in_flight: int = 1
+        self,
+        caching: PromptCaching,
+        count: Callable[[str], int],
+        *,
+        in_flight: int = 1,
+        keep: int | None = None,
     ) -> None:
         """Start with an empty cache; see the class docstring."""
         if in_flight < 1:
             msg = f"in_flight must be at least 1, got {in_flight}"
             raise ValueError(msg)
+        if keep is not None and keep < 1:
+            msg = f"keep must be at least 1 or None, got {keep}"
+            raise ValueError(msg)
         self.caching = caching
         self.count = count
         self.in_flight = in_flight
+        self.keep = keep
         self._cached: list[str] = []  # sorted: the closest prefix is a neighbour
+        self._order: deque[str] = deque()  # the same prompts, oldest first
         self._sending: deque[str] = deque()
 
     def send(self, prompt: str) -> int:
@@ -313,7 +326,12 @@ class SimulatedPromptCache:
         shared = self._longest_shared_prefix(prompt)
         self._sending.append(prompt)
         while len(self._sending) >= self.in_flight:
-            bisect.insort(self._cached, self._sending.popleft())
+            done = self._sending.popleft()
+            bisect.insort(self._cached, done)
+            self._order.append(done)
+            if self.keep is not None and len(self._order) > self.keep:
+                oldest = self._order.popleft()
+                del self._cached[bisect.bisect_left(self._cached, oldest)]
         if not shared:
             return 0
         return self.caching.cached_tokens(self.count(prompt[:shared]))

@@ -412,11 +412,16 @@ class _Meter:
     """
 
     def __init__(
-        self, counter: TokenCounter, caching: PromptCaching | None, in_flight: int
+        self,
+        counter: TokenCounter,
+        caching: PromptCaching | None,
+        in_flight: int,
+        keep: int | None = None,
     ) -> None:
         self.counter = counter
         self.caching = caching
         self.in_flight = in_flight
+        self.keep = keep
         self.caches: dict[_Role, SimulatedPromptCache] = {}
 
     def request(
@@ -429,7 +434,10 @@ class _Meter:
             cache = self.caches.get(role)
             if cache is None:
                 cache = self.caches[role] = SimulatedPromptCache(
-                    self.caching, self.counter.count, in_flight=self.in_flight
+                    self.caching,
+                    self.counter.count,
+                    in_flight=self.in_flight,
+                    keep=self.keep,
                 )
             # Messages in order, each led by its role: what a provider caches.
             prompt = "".join(f"\x1e{m.type}\x1f{m.text}" for m in messages)
@@ -984,6 +992,10 @@ def _prices_note(prices: TokenPrices | None) -> str:
     )
 
 
+_BULK_CACHE_KEEP = 10_000
+"""Prompts a bulk estimate's simulated prompt cache remembers (the most recent)."""
+
+
 class BulkEstimate(BaseModel):
     """What a bulk run (`tag run --inputs`) would spend on the inputs left to do."""
 
@@ -1036,7 +1048,9 @@ def estimate_bulk(
         )
         raise ValueError(msg)  # noqa: TRY004 - an option the caller chose
     counter = token_counter()
-    meter = _Meter(counter, caching, in_flight)
+    # Bounded: a provider keeps prefixes minutes, and a corpus's prompts would not
+    # fit in memory (20,000 inputs x 9 rules held 560 MB unbounded).
+    meter = _Meter(counter, caching, in_flight, keep=_BULK_CACHE_KEEP)
     judged, execution = _Cost(), _Cost()
     seen: set[str] = set()
     inputs = pairs = stored_pairs = 0

@@ -17,6 +17,7 @@ from langchain_tag.bulk import (
     BulkInputError,
     BulkJob,
     BulkJobMismatchError,
+    BulkOutputBusyError,
     BulkRunError,
     Shard,
     iter_records,
@@ -346,3 +347,18 @@ def test_batch_prices_and_retraining_do_not_mix(tmp_path: Path) -> None:
     engine = MatchEngine(judge, prefilter=prefilter, retrain_every=100)
     with pytest.raises(ValueError, match="would be judged online at list price"):
         BulkJob(engine, rulebook.rules, via="batch")
+
+
+def test_one_run_writes_an_output_at_a_time(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    inputs = read_inputs(_inputs(tmp_path / "in.jsonl"))
+    # Another process's run holds the output (flock locks per open file).
+    fcntl = pytest.importorskip("fcntl", reason="flock is POSIX")
+    with out.open("a") as other:
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        model = RuleAwareFakeChatModel()
+        with pytest.raises(BulkOutputBusyError, match="being written by another run"):
+            _job(tmp_path, model, match_only=True).run(inputs, out)
+        assert model.calls == 0
+    summary = _job(tmp_path, RuleAwareFakeChatModel(), match_only=True).run(inputs, out)
+    assert summary.done == 4

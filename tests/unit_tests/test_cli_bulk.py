@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,17 @@ def inputs(tmp_path: Path) -> Path:
         "".join(json.dumps({"id": k, "input": v}) + "\n" for k, v in INPUTS.items())
     )
     return path
+
+
+@pytest.fixture
+def batch_api(
+    loopback: None, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FakeBatchServer]:
+    """A loopback Batch API, where the environment's model points."""
+    with FakeBatchServer(RuleAwareFakeChatModel()) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "unused")
+        yield server
 
 
 def _records(path: Path) -> dict[str, dict[str, Any]]:
@@ -195,23 +207,19 @@ def test_estimate_needs_inputs(
     assert "--estimate goes with --inputs" in capsys.readouterr().err
 
 
-@pytest.mark.usefixtures("loopback")
 def test_via_batch_against_a_loopback_batch_api(
     tmp_path: Path,
     inputs: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    batch_api: FakeBatchServer,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "out.jsonl"
     argv = ["run", RULEBOOK, "--inputs", str(inputs), "-o", str(out)]
-    with FakeBatchServer(RuleAwareFakeChatModel()) as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        monkeypatch.setenv("OPENAI_API_KEY", "unused")
-        batch = ["--via", "batch", "--poll-interval", "0", "--batch-max-requests", "10"]
-        assert cli.main([*argv, *batch]) == 0
-        assert server.hits.get("POST /v1/chat/completions", 0) == 0
-        # 27 judgments in files of 10 at most, then the 3 executions in one.
-        assert server.hits["POST /v1/batches"] == 3 + 1
+    batch = ["--via", "batch", "--poll-interval", "0", "--batch-max-requests", "10"]
+    assert cli.main([*argv, *batch]) == 0
+    assert batch_api.hits.get("POST /v1/chat/completions", 0) == 0
+    # 27 judgments in files of 10 at most, then the 3 executions in one.
+    assert batch_api.hits["POST /v1/batches"] == 3 + 1
     printed = capsys.readouterr()
     assert "3 input(s) written" in printed.out
     assert "via batch" in printed.out
@@ -219,26 +227,22 @@ def test_via_batch_against_a_loopback_batch_api(
     assert _records(out)["a"]["matched"] == ["PEP8-IMPORT-WILDCARD"]
 
 
-@pytest.mark.usefixtures("loopback")
 def test_batches_still_running_exit_75_and_resume(
     tmp_path: Path,
     inputs: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    batch_api: FakeBatchServer,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "out.jsonl"
     argv = ["run", RULEBOOK, "--inputs", str(inputs), "-o", str(out), "--match-only"]
-    with FakeBatchServer(RuleAwareFakeChatModel()) as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        monkeypatch.setenv("OPENAI_API_KEY", "unused")
-        batch = [*argv, "--via", "batch", "--poll-interval", "0"]
-        assert cli.main([*batch, "--max-wait", "0"]) == 75
-        err = capsys.readouterr().err
-        assert "still in running batches" in err
-        assert "run the same command again later" in err
-        assert not out.read_text()  # nothing written yet, nothing lost
-        assert cli.main(batch) == 0
-        assert server.hits["POST /v1/batches"] == 1  # polled again, not re-sent
+    batch = [*argv, "--via", "batch", "--poll-interval", "0"]
+    assert cli.main([*batch, "--max-wait", "0"]) == 75
+    err = capsys.readouterr().err
+    assert "still in running batches" in err
+    assert "run the same command again later" in err
+    assert not out.read_text()  # nothing written yet, nothing lost
+    assert cli.main(batch) == 0
+    assert batch_api.hits["POST /v1/batches"] == 1  # polled again, not re-sent
     assert sorted(_records(out)) == ["a", "b", "c"]
 
 
@@ -294,21 +298,18 @@ def test_the_inputs_file_is_no_output(
     assert inputs.read_bytes() == before
 
 
-@pytest.mark.usefixtures("loopback")
 def test_a_batch_api_failure_is_one_line(
     tmp_path: Path,
     inputs: Path,
+    batch_api: FakeBatchServer,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "out.jsonl"
     argv = ["run", RULEBOOK, "--inputs", str(inputs), "-o", str(out), "--match-only"]
     batch = [*argv, "--via", "batch", "--poll-interval", "0"]
-    with FakeBatchServer(RuleAwareFakeChatModel()) as server:
-        server.scripts = [BatchScript(end="failed")]
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        monkeypatch.setenv("OPENAI_API_KEY", "unused")
-        assert cli.main(batch) == 2
+    batch_api.scripts = [BatchScript(end="failed")]
+    assert cli.main(batch) == 2
     err = capsys.readouterr().err
     assert "tag run: error: --via batch: The Batch API refused" in err
     assert "Traceback" not in err

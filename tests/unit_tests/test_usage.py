@@ -214,3 +214,15 @@ def test_prompts_in_flight_cannot_read_each_other() -> None:
     assert cache.send("shared prefix, call 3") == len("shared prefix, call ")
     with pytest.raises(ValueError, match="in_flight must be at least 1"):
         SimulatedPromptCache(PromptCaching(), chars, in_flight=0)
+
+
+def test_a_bounded_cache_forgets_its_oldest_prompts() -> None:
+    cache = SimulatedPromptCache(
+        PromptCaching(min_tokens=4, block_tokens=1), chars, keep=1
+    )
+    assert cache.send("input A, rule 1") == 0
+    assert cache.send("input B, rule 1") == len("input ")
+    # "input A, ..." was forgotten when "input B, ..." came: only B's prefix is left.
+    assert cache.send("input A, rule 2") == len("input ")
+    with pytest.raises(ValueError, match="keep must be at least 1"):
+        SimulatedPromptCache(PromptCaching(), chars, keep=0)
