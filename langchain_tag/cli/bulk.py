@@ -27,6 +27,7 @@ from langchain_tag.cli.errors import (
     number_in,
     probability,
 )
+from langchain_tag.cli.prefilter import target_recall
 
 PENDING_STATUS = 75
 """Exit status when batches are still running (EX_TEMPFAIL): run again later."""
@@ -113,14 +114,15 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     )
     bulk.add_argument(
         "--target-recall",
-        type=probability,
-        help="with --learned-prefilter: the recall to keep (default the model's)",
+        type=target_recall,
+        help="with --learned-prefilter: the recall to keep, in (0, 1] (default the "
+        "model's)",
     )
     bulk.add_argument(
         "--explore",
         type=probability,
-        default=0.05,
-        help="with --learned-prefilter: share of skipped pairs judged anyway",
+        help="with --learned-prefilter: share of skipped pairs judged anyway "
+        "(default 0.05)",
     )
     bulk.add_argument(
         "--retrain-every",
@@ -159,6 +161,18 @@ def bulk_command(args: argparse.Namespace) -> int:
 
     if args.output is None:
         msg = "--inputs needs -o OUT.jsonl: the file the records are appended to."
+        raise CommandError(msg)
+    orphans = [
+        option
+        for option, given in (
+            ("--target-recall", args.target_recall),
+            ("--explore", args.explore),
+            ("--retrain-every", args.retrain_every),
+        )
+        if given is not None
+    ]
+    if orphans and args.learned_prefilter is None:
+        msg = f"{', '.join(orphans)}: options of --learned-prefilter MODEL.npz."
         raise CommandError(msg)
     prices.check(args)
     out = Path(args.output)
@@ -284,7 +298,7 @@ def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
     engine = MatchEngine(
         judge,
         prefilter=prefilter,
-        explore=args.explore,
+        explore=0.05 if args.explore is None else args.explore,
         retrain_every=args.retrain_every,
         max_concurrency=args.max_concurrency,
     )
@@ -327,7 +341,7 @@ def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
                 else _file_digest(args.learned_prefilter)
             ),
             "target_recall": args.target_recall,
-            "explore": args.explore if args.learned_prefilter else None,
+            "explore": args.explore,
         },
     )
 

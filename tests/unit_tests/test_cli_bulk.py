@@ -320,3 +320,20 @@ def test_a_batch_api_failure_is_one_line(
     err = capsys.readouterr().err
     assert "does this endpoint serve OpenAI's /v1/files and /v1/batches?" in err
     assert "Traceback" not in err
+
+
+def test_prefilter_options_need_the_prefilter(
+    tmp_path: Path,
+    inputs: Path,
+    models: list[RuleAwareFakeChatModel],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["run", RULEBOOK, "--inputs", str(inputs), "-o", str(tmp_path / "o.jsonl")]
+    assert cli.main([*argv, "--explore", "0.1", "--target-recall", "0.9"]) == 2
+    assert "--target-recall, --explore: options of --learned-prefilter" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--target-recall", "0"])
+    assert "must be a number in (0, 1]" in capsys.readouterr().err
+    assert not models
