@@ -160,8 +160,8 @@ def _store_failing(error: BaseException) -> bool:
     )
 
 
-class VerdictRecord(BaseModel):
-    """One judgment as the log keeps it."""
+class _PairRecord(BaseModel):
+    """What every record of the log holds: the (input, rule) pair it is about."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -173,6 +173,11 @@ class VerdictRecord(BaseModel):
     )
     rule_id: str = Field(min_length=1)
     rule_hash: str = Field(min_length=1, description="`Rule.content_hash()`.")
+
+
+class VerdictRecord(_PairRecord):
+    """One judgment as the log keeps it."""
+
     applies: bool
     score: float | None = None
     error: str | None = None
@@ -228,23 +233,13 @@ class VerdictRecord(BaseModel):
         return 1.0 if self.explore is None else 1.0 / self.explore
 
 
-class SkipRecord(BaseModel):
+class SkipRecord(_PairRecord):
     """A pair a learned prefilter skipped: a record without a verdict.
 
     Kept apart from the verdicts (see the module docs): no reader of verdicts sees
     it. A skipped pair that was explored has a verdict too (with its `explore`).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    id: int | None = Field(default=None, description="Assigned by the log.")
-    input_digest: str = Field(min_length=1, description="SHA-256 of the input.")
-    text: str | None = Field(default=None, description="The input, if kept.")
-    features: HashedFeatures | None = Field(
-        default=None, description="The input's hashed features, if no text is kept."
-    )
-    rule_id: str = Field(min_length=1)
-    rule_hash: str = Field(min_length=1, description="`Rule.content_hash()`.")
     skipped_yes: float = Field(
         ge=0.0,
         le=1.0,
