@@ -76,7 +76,9 @@ from langchain_tag.matching import (
     Verdict,
 )
 from langchain_tag.matching.judge import VerdictSink
+from langchain_tag.matching.profiles import schema_profile
 from langchain_tag.models import CallRetry, default_chat_model, with_settings
+from langchain_tag.rule_schemas import RuleSchema, rule_schema
 from langchain_tag.rules import Rule, Rulebook
 from langchain_tag.usage import TokenUsage, UsageCounter
 
@@ -152,8 +154,10 @@ class QueryContext:
     """Score verdicts by logprobs (models with a `logprobs` option, as ChatOpenAI)."""
     rationale: bool = False
     """Ask the judge built here for one short reason before each verdict."""
-    profile: str | SkipJsonSchema[RuleSchemaProfile] = "condition"
-    """A profile name from `PROFILES`, or a `RuleSchemaProfile`."""
+    profile: str | SkipJsonSchema[RuleSchemaProfile] | None = None
+    """A profile name from `PROFILES`, or a `RuleSchemaProfile`; None judges by the
+    rulebook's rule schema (`profile_for`): the condition profile for a rulebook
+    without one."""
     template: str | SkipJsonSchema[ExecutionTemplate] = "generic"
     """A template name from `TEMPLATES`, or an `ExecutionTemplate`."""
     review: bool = False
@@ -162,6 +166,9 @@ class QueryContext:
     refused before extraction (`ReviewNeedsCheckpointerError`)."""
     domain: str = "instruction"
     """Domain string for extraction, when the input brings documents."""
+    rule_schema: str | RuleSchema = "condition"
+    """The rule schema extraction writes, when the input brings documents: a
+    built-in's name ("condition", "nba") or a `RuleSchema`."""
     on_error: Literal["raise", "not_applicable"] = "raise"
     """A judgment that fails after its retries: stop the run, or continue with that
     rule flagged as unjudged (not applicable), for the judge built here."""
@@ -189,18 +196,30 @@ class QueryContext:
         """The per-retrieval options: `k`, `score_threshold`, `filter` (checked)."""
         return MatchOptions(self.k, self.score_threshold, self.filter)
 
-    def engine(self, retry: CallRetry) -> MatchEngine:
-        """The engine of the runs with this context, built on first use.
+    def judged_by(self, schema: RuleSchema | None) -> RuleSchemaProfile:
+        """The profile of a run over rules extracted in `schema` (None: condition).
+
+        `profile` when given, else the schema's (`schema_profile`).
+        """
+        if self.profile is not None:
+            return named(self.profile, PROFILES, "profile")
+        return CONDITION_PROFILE if schema is None else schema_profile(schema)
+
+    def engine(
+        self, retry: CallRetry, profile: RuleSchemaProfile = CONDITION_PROFILE
+    ) -> MatchEngine:
+        """The engine of the runs with this context and profile, built on first use.
 
         Building a judge costs a model copy and a structured-output wrapper (about
         a millisecond with ChatOpenAI), too much to repeat for every rule.
         """
-        engines: dict[CallRetry, MatchEngine] = self.__dict__["_engines"]
+        engines: dict[tuple[CallRetry, RuleSchemaProfile], MatchEngine]
+        engines = self.__dict__["_engines"]
         with self.__dict__["_lock"]:
-            engine = engines.get(retry)
+            engine = engines.get((retry, profile))
             if engine is None:
-                engine = engines[retry] = MatchEngine(
-                    self._build_judge(retry),
+                engine = engines[retry, profile] = MatchEngine(
+                    self._build_judge(retry, profile),
                     prefilter=self.prefilter,
                     explore=self.explore,
                     retrain_every=self.retrain_every,
@@ -208,7 +227,7 @@ class QueryContext:
                 )
             return engine
 
-    def _build_judge(self, retry: CallRetry) -> BaseJudge:
+    def _build_judge(self, retry: CallRetry, profile: RuleSchemaProfile) -> BaseJudge:
         # The judge's retries are the match nodes' only layer (they honour the
         # provider's Retry-After, which LangGraph's node retry policy cannot): a
         # judge passed in gets the graph's retries in place of its own.
@@ -216,7 +235,7 @@ class QueryContext:
             return self.judge.with_call_retry(retry)
         return ApplicabilityJudge(
             llm=self.judge_model or _environment_model(),
-            profile=named(self.profile, PROFILES, "profile"),
+            profile=profile,
             logprobs=self.logprobs,
             rationale=self.rationale,
             retry=retry,
@@ -298,6 +317,9 @@ class QueryState(TypedDict, total=False):
     rulebook: dict[str, Any] | str | None
     documents: list[Document] | None
     rules: list[Rule] | None
+    rule_schema: RuleSchema | None
+    """The schema the rules were extracted in (None: condition), which decides the
+    judge's profile unless the context names one."""
     plan: MatchPlan | None
     verdicts: Annotated[list[Verdict], _verdicts]
     run: str
@@ -313,6 +335,8 @@ class QueryState(TypedDict, total=False):
 
 STATE_TYPES = (
     ("langchain_tag.rules", "Rule"),
+    ("langchain_tag.rule_schemas", "RuleSchema"),
+    ("langchain_tag.rule_schemas", "SchemaField"),
     ("langchain_tag.matching.verdicts", "Verdict"),
     ("langchain_tag.engine", "MatchPlan"),
     ("langchain_tag.engine", "MatchResult"),
@@ -345,6 +369,17 @@ def _rules(state: QueryState) -> list[Rule]:
     # model_validate returns a Rule as it is: only a checkpointer that refuses
     # unregistered types (LANGGRAPH_STRICT_MSGPACK) hands back their dicts.
     return [Rule.model_validate(rule) for rule in state.get("rules") or []]
+
+
+def _engine(
+    state: QueryState | MatchRequest, context: QueryContext, retry: CallRetry
+) -> MatchEngine:
+    """The engine judging this run's rules: by the profile of their schema."""
+    # A checkpointer refusing unregistered types hands back the schema's fields.
+    schema: object = state.get("rule_schema")
+    if schema is not None:
+        schema = RuleSchema.model_validate(schema)
+    return context.engine(retry, context.judged_by(schema))
 
 
 def _plan(state: QueryState) -> MatchPlan:
@@ -403,9 +438,10 @@ def load_rulebook(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
     """
     _check_query(state)
     context = _context()
-    # Unknown profile or template names fail before any model call.
-    named(context.profile, PROFILES, "profile")
+    # Unknown profile, template or schema names fail before any model call.
+    context.judged_by(None)
     named(context.template, TEMPLATES, "template")
+    rule_schema(context.rule_schema)
     update: dict[str, Any] = {
         "verdicts": Overwrite([]),
         "run": uuid.uuid4().hex,
@@ -433,11 +469,15 @@ def load_rulebook(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
                 "InMemorySaver()) (or a persistent one), and a thread_id in the "
                 "run's config. Nothing was extracted.",
             )
-        return {**update, "rules": None}
+        return {**update, "rules": None, "rule_schema": None}
     rulebook = (
         Rulebook.load(given) if isinstance(given, str) else Rulebook.from_data(given)
     )
-    return {**update, "rules": list(rulebook.rules)}
+    return {
+        **update,
+        "rules": list(rulebook.rules),
+        "rule_schema": rulebook.rule_schema,
+    }
 
 
 def _check_query(state: QueryState) -> None:
@@ -470,12 +510,18 @@ def _extraction(state: QueryState) -> tuple[ExtractionInput, ExtractionSettings]
         "documents": as_documents(state.get("documents") or []),
         "domain": context.domain,
     }
-    return inputs, ExtractionSettings(llm=context.judge_model)
+    return inputs, ExtractionSettings(
+        llm=context.judge_model, rule_schema=context.rule_schema
+    )
 
 
 def _extracted(output: dict[str, Any]) -> dict[str, Any]:
     rulebook = Rulebook.from_data(output["rulebook"])
-    return {"rulebook": output["rulebook"], "rules": list(rulebook.rules)}
+    return {
+        "rulebook": output["rulebook"],
+        "rules": list(rulebook.rules),
+        "rule_schema": rulebook.rule_schema,
+    }
 
 
 def extract(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
@@ -665,7 +711,7 @@ def plan(
 ) -> dict[str, Any]:
     """Filter and prefilter the rules (`MatchEngine.plan`): what will be judged."""
     context = _context(default)
-    engine = context.engine(retry)
+    engine = _engine(state, context, retry)
     rules = _rules(state)
     return {"plan": engine.plan(_query(state), rules, context.options(), config)}
 
@@ -675,7 +721,7 @@ async def aplan(
 ) -> dict[str, Any]:
     """Async `plan`: the prefilter runs on the event loop."""
     context = _context(default)
-    engine = context.engine(retry)
+    engine = _engine(state, context, retry)
     rules = _rules(state)
     options = context.options()
     return {"plan": await engine.aplan(_query(state), rules, options, config)}
@@ -689,6 +735,8 @@ class MatchRequest(TypedDict):
     cache_key: str
     run: str
     """The run's id, to mark the usage of the task's calls."""
+    rule_schema: RuleSchema | None
+    """The rules' schema, which decides the judge's profile (see `QueryState`)."""
 
 
 def _request(request: MatchRequest) -> tuple[MatchPlan, list[Rule]]:
@@ -703,7 +751,7 @@ def to_matches(
     planned = _plan(state)
     if not planned.candidates:
         return "execute"
-    engine = _context(default).engine(retry)
+    engine = _engine(state, _context(default), retry)
     # The plan goes without its candidates: each task carries its own rules.
     shared = planned.model_copy(update={"candidates": []})
     return [
@@ -716,6 +764,7 @@ def to_matches(
                     engine.judge.cache_key(planned.query, rule) for rule in unit
                 ),
                 "run": state.get("run", ""),
+                "rule_schema": state.get("rule_schema"),
             },
         )
         for unit in engine.call_units(planned)
@@ -734,7 +783,7 @@ def match_rule(
     silent NO) unless `on_error="not_applicable"`; a checkpointed run resumes from
     there.
     """
-    engine = _context(default).engine(retry)
+    engine = _engine(request, _context(default), retry)
     planned, rules = _request(request)
     counter = UsageCounter()
     verdicts = engine.judge_rules(planned, counter.watch(config), rules)
@@ -748,7 +797,7 @@ async def amatch_rule(
     default: QueryContext,
 ) -> dict[str, Any]:
     """Async `match_rule`."""
-    engine = _context(default).engine(retry)
+    engine = _engine(request, _context(default), retry)
     planned, rules = _request(request)
     counter = UsageCounter()
     verdicts = await engine.ajudge_rules(planned, counter.watch(config), rules)
@@ -779,7 +828,7 @@ def execute(
     context = _context(default)
     planned = _plan(state)
     verdicts = [Verdict.model_validate(v) for v in state.get("verdicts", [])]
-    engine = context.engine(retry)
+    engine = _engine(state, context, retry)
     result = engine.result(planned, verdicts, _judged_usage(state))
     engine.retrain_if_due(_rules(state))
     summary = result.summary()
@@ -821,6 +870,7 @@ def execute(
         "query": None,
         "rulebook": None,
         "documents": None,
+        "rule_schema": None,
     }
 
 

@@ -40,6 +40,7 @@ from langchain_tag.engine import (
     RuleFilter,
 )
 from langchain_tag.matching import ApplicabilityJudge, BaseJudge
+from langchain_tag.matching.profiles import CONDITION_PROFILE, profile_for
 from langchain_tag.models import default_chat_model
 from langchain_tag.rules import Rulebook
 
@@ -51,7 +52,14 @@ _PER_CALL = ("k", "filter", "score_threshold")
 
 
 def _judge_from_llm(data: dict[str, Any]) -> ApplicabilityJudge:
-    return ApplicabilityJudge(llm=data.get("llm") or default_chat_model())
+    # Judged by the rulebook's own rule schema (the condition profile by default).
+    rulebook = data.get("rulebook")
+    return ApplicabilityJudge(
+        llm=data.get("llm") or default_chat_model(),
+        profile=profile_for(rulebook)
+        if isinstance(rulebook, Rulebook)
+        else CONDITION_PROFILE,
+    )
 
 
 class TAGRetriever(BaseRetriever):
@@ -188,7 +196,7 @@ class TAGRetriever(BaseRetriever):
     @classmethod
     def from_documents(
         cls,
-        documents: Iterable[Document | str],
+        documents: Iterable[Document | str | os.PathLike[str]],
         llm: BaseChatModel | None = None,
         *,
         rulebook_path: str | os.PathLike[str] | None = None,
@@ -208,7 +216,9 @@ class TAGRetriever(BaseRetriever):
         extraction settings are not compared: delete the file to apply new ones.
 
         Args:
-            documents: LangChain documents from any loader, or strings.
+            documents: LangChain documents from any loader, strings, or paths
+                (`pathlib.Path`) of PDF, HTML, DOCX or text files, loaded once
+                by `load_document`.
             llm: The model for extraction and judging; default from the environment.
             rulebook_path: Where to keep the rulebook (saved atomically); see above.
             domain: What the documents govern, for the extraction prompts.
@@ -219,13 +229,16 @@ class TAGRetriever(BaseRetriever):
         Raises:
             RulebookError: The file at `rulebook_path` records no documents (it was
                 not extracted), so it cannot be checked; it is left untouched.
+            DocumentError: A path's file cannot be loaded (empty, scanned,
+                encrypted, damaged); the message names it. No model is called.
         """
         # Imported here: extraction loads langgraph.
         from langchain_tag.extraction import extract_rules  # noqa: PLC0415
+        from langchain_tag.extraction.documents import to_documents  # noqa: PLC0415
         from langchain_tag.extraction.run import changed_documents  # noqa: PLC0415
         from langchain_tag.rules import RulebookError  # noqa: PLC0415
 
-        docs = list(documents)  # read twice: compared, then extracted
+        docs = to_documents(documents)  # loaded once: compared, then extracted
         path = None if rulebook_path is None else Path(rulebook_path)
         if path is not None and path.exists():
             rulebook = Rulebook.load(path)

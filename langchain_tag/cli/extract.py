@@ -1,15 +1,20 @@
-"""`tag extract FILES... -o rulebook.json`: documents to a verified rulebook."""
+"""`tag extract FILES... -o rulebook.json`: documents to a verified rulebook.
+
+`tag extract FILES... --estimate` prints what that would cost, calling no model.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from langchain_tag._text import describe_error, read_text
+from langchain_tag._text import describe_error
+from langchain_tag.cli import _prices as prices
 from langchain_tag.cli._status import StatusLine
 from langchain_tag.cli.errors import (
     CommandError,
@@ -22,6 +27,7 @@ if TYPE_CHECKING:
     from langchain_core.documents import Document
 
     from langchain_tag.extraction import ExtractionReport
+    from langchain_tag.rule_schemas import RuleSchema
     from langchain_tag.rules import Rulebook
 
 
@@ -30,12 +36,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     extract = commands.add_parser(
         "extract",
         help="extract a verified rulebook from instruction documents",
-        description="Run the five extraction phases over text, Markdown or "
-        "reStructuredText files. Interrupted runs resume when re-run with the same "
-        "arguments; after an edit only the changed sections are sent again.",
+        description="Run the five extraction phases over PDF, HTML, DOCX, or UTF-8 "
+        "text, Markdown or reStructuredText files (PDF, HTML and DOCX need the "
+        "documents extra). Every file is loaded before any model call. Interrupted "
+        "runs resume when re-run with the same arguments; after an edit only the "
+        "sections that changed are sent again (in a PDF, the edited pages').",
     )
-    extract.add_argument("files", nargs="+", help="UTF-8 text, Markdown or RST files")
-    extract.add_argument("-o", "--output", required=True, help="rulebook JSON to write")
+    extract.add_argument(
+        "files",
+        nargs="+",
+        help="PDF (with a text layer), HTML, DOCX, or UTF-8 text, Markdown or RST "
+        "files, by suffix",
+    )
+    extract.add_argument(
+        "-o", "--output", help="rulebook JSON to write (required, but by --estimate)"
+    )
     extract.add_argument(
         "--domain",
         default="instruction",
@@ -65,6 +80,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     extract.add_argument("--max-concurrency", type=at_least(1), default=8)
     extract.add_argument("--max-section-tokens", type=at_least(1), default=1500)
     extract.add_argument(
+        "--max-pairs",
+        metavar="N|none",
+        help="phase 4 compares at most N rule pairs sharing a tag, the most similar "
+        "when there are more (default 5000: at most ~625 calls plus one a tag); "
+        "none: every pair, which grows with the square of the rules",
+    )
+    extract.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print the calls and tokens each phase would take (and dollars with "
+        "--price-in/--price-out), as a run without stored answers; calls no model, "
+        "needs no API key, writes nothing",
+    )
+    prices.add_arguments(extract)
+    extract.add_argument(
         "--faithfulness", choices=["corrected", "literal"], default="corrected"
     )
     extract.add_argument(
@@ -73,6 +103,18 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default="duplicates",
         help="phase-4 pairs merged into one rule: only duplicates (default, the "
         "method), or also pairs the model marked preferred_action merge",
+    )
+    extract.add_argument(
+        "--schema",
+        default="condition",
+        metavar="NAME|FILE",
+        help="the rule schema phase 3 writes: 'condition' (default: a condition the "
+        "judge sees, an action the executor gets), 'nba' (the NBA matcher's "
+        "applies_when, constraint, violation_check, does_not_apply_to, and an "
+        "action), or a JSON Schema file whose string properties each have a "
+        'description and "x-tag-side": "judge" or "executor" ("required" lists '
+        "those the model must always write). The rulebook records it, and `tag "
+        "run` judges its rules by their judge-side fields",
     )
     extract.add_argument(
         "--allow-incomplete",
@@ -85,28 +127,35 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def read_documents(paths: Sequence[str]) -> list[Document]:
-    """Read text files as documents, with errors that name the file and the fix."""
-    from langchain_core.documents import Document  # noqa: PLC0415
+    """Load the files as documents, with errors that name the file and the fix.
 
-    documents = []
-    for name in paths:
-        path = Path(name)
-        try:
-            text = read_text(path, what=name)
-        except FileNotFoundError:
-            msg = f"{name}: no such file."
-            raise CommandError(msg) from None
-        except IsADirectoryError:
-            msg = f"{name}: is a directory; pass the files in it (e.g. {name}/*.md)."
-            raise CommandError(msg) from None
-        except OSError as error:
-            msg = f"{name}: cannot be read ({error.strerror})."
-            raise CommandError(msg) from None
-        if not text.strip():
-            msg = f"{name}: the file is empty."
-            raise CommandError(msg)
-        documents.append(Document(page_content=text, metadata={"source": str(path)}))
-    return documents
+    All of them, before any model is made: a bad file costs nothing.
+    """
+    # pypdf logs what it meets in damaged files; a file it cannot read gets one
+    # line of ours instead, and a file it could read needs none.
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
+    return [_read_document(name) for name in paths]
+
+
+def _read_document(name: str) -> Document:
+    from langchain_tag.extraction.documents import (  # noqa: PLC0415
+        DocumentError,
+        load_document,
+    )
+
+    try:
+        return load_document(Path(name))
+    except DocumentError as error:  # empty, scanned, encrypted, damaged, not UTF-8
+        raise CommandError(str(error)) from None
+    except FileNotFoundError:
+        msg = f"{name}: no such file."
+        raise CommandError(msg) from None
+    except IsADirectoryError:
+        msg = f"{name}: is a directory; pass the files in it (e.g. {name}/*.md)."
+        raise CommandError(msg) from None
+    except OSError as error:
+        msg = f"{name}: cannot be read ({error.strerror})."
+        raise CommandError(msg) from None
 
 
 class Progress:
@@ -131,8 +180,20 @@ def extract_command(args: argparse.Namespace) -> int:
     """Run `tag extract`."""
     from langchain_tag.extraction import ExtractionReport  # noqa: PLC0415
 
-    check_writable(Path(args.output), example="rulebook.json", not_done="extracted")
+    prices.check(args)
+    args.max_pairs = _max_pairs(args.max_pairs)
+    if not args.estimate:
+        if args.output is None:
+            msg = (
+                "-o/--output is required: the rulebook JSON to write (or pass "
+                "--estimate to see what the extraction would cost first)."
+            )
+            raise CommandError(msg)
+        check_writable(Path(args.output), example="rulebook.json", not_done="extracted")
+    args.rule_schema = _schema(args.schema)
     documents = read_documents(args.files)
+    if args.estimate:
+        return _estimate(args, documents)
     rulebook, stored = _extract(args, documents)
     report = ExtractionReport.model_validate(rulebook.diagnostics)
     if stored:
@@ -197,9 +258,7 @@ def _extract(
             max_concurrency=args.max_concurrency,
             on_progress=progress,
             on_stored=lambda: stored.append(True),
-            max_section_tokens=args.max_section_tokens,
-            faithfulness_mode=args.faithfulness,
-            merge=args.merge,
+            **_settings(args),
         )
     except Exception as error:
         if not model_failed(error):
@@ -220,6 +279,71 @@ def _extract(
         if progress is not None:
             progress.close()
     return rulebook, bool(stored)
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The `ExtractionSettings` the options give, for the run and its estimate."""
+    settings: dict[str, Any] = {
+        "max_section_tokens": args.max_section_tokens,
+        "faithfulness_mode": args.faithfulness,
+        "merge": args.merge,
+        "rule_schema": args.rule_schema,
+    }
+    if args.max_pairs is not _DEFAULT:
+        settings["max_pairs"] = args.max_pairs
+    return settings
+
+
+_DEFAULT = object()
+"""`--max-pairs` not given: the library's default cap."""
+
+
+def _max_pairs(text: str | None) -> object:
+    """`--max-pairs`: an integer >= 1, None for "none" (no cap), or `_DEFAULT`."""
+    if text is None:
+        return _DEFAULT
+    if text.strip().lower() == "none":
+        return None
+    value = int(text) if text.strip().isdigit() else 0
+    if value < 1:
+        msg = (
+            f"--max-pairs must be an integer >= 1 (rule pairs phase 4 compares at "
+            f"most), or none for no cap, got {text!r}."
+        )
+        raise CommandError(msg)
+    return value
+
+
+def _estimate(args: argparse.Namespace, documents: list[Document]) -> int:
+    """Print what the extraction would spend; no model is made or called."""
+    from langchain_tag.extraction.estimate import (  # noqa: PLC0415 - loads langgraph
+        estimate_extraction,
+    )
+
+    token_prices, caching = prices.from_args(args)
+    found = estimate_extraction(
+        documents,
+        domain=args.domain,
+        skip_phases=args.skip_phase,
+        prices=token_prices,
+        caching=caching,
+        max_concurrency=args.max_concurrency,
+        **_settings(args),
+    )
+    print(found.format())  # noqa: T201
+    if args.output is not None:
+        print(f"\n--estimate: nothing was written to {args.output}.")  # noqa: T201
+    return 0
+
+
+def _schema(spec: str) -> RuleSchema:
+    """`--schema`: a built-in's name or a JSON Schema file, read before any call."""
+    from langchain_tag.rule_schemas import RuleSchemaError, rule_schema  # noqa: PLC0415
+
+    try:
+        return rule_schema(spec)
+    except RuleSchemaError as error:
+        raise CommandError(str(error)) from None
 
 
 def _checkpoint(args: argparse.Namespace) -> str:

@@ -58,7 +58,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="score verdicts by P(YES) from the model's logprobs",
     )
     run.add_argument(
-        "--profile", default="condition", help="rule-schema profile (condition, nba)"
+        "--profile",
+        help="rule-schema profile (condition, nba); default the one of the schema "
+        "the rulebook was extracted in (`tag extract --schema`), else condition",
     )
     run.add_argument(
         "--template",
@@ -116,6 +118,7 @@ def run_command(args: argparse.Namespace) -> int:
         verb = "goes" if len(single_only) == 1 else "go"
         msg = f"{', '.join(single_only)} {verb} with --inputs (a bulk run)."
         raise CommandError(msg)
+    from langchain_tag.matching.profiles import profile_for  # noqa: PLC0415
     from langchain_tag.query_graph import QueryContext, build_query_graph  # noqa: PLC0415
     from langchain_tag.rules import Rulebook  # noqa: PLC0415
     from langchain_tag.usage import UsageCounter  # noqa: PLC0415
@@ -145,7 +148,7 @@ def run_command(args: argparse.Namespace) -> int:
                     k=args.k,
                     score_threshold=args.score_threshold,
                     logprobs=args.logprobs,
-                    profile=args.profile,
+                    profile=args.profile or profile_for(rulebook),
                     template=args.template,
                     on_error=args.on_error,
                     max_concurrency=args.max_concurrency,

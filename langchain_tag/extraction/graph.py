@@ -26,7 +26,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations, pairwise
+from itertools import pairwise
 from typing import Annotated, Any, Literal, NamedTuple, TypeVar, get_args
 
 from langchain_core.documents import Document
@@ -46,6 +46,12 @@ from typing_extensions import NotRequired, TypedDict
 from langchain_tag._graph import as_documents, coerce_context
 from langchain_tag._text import batches, slug
 from langchain_tag.extraction import phases, prompts
+from langchain_tag.extraction.documents import document_sections, pages_of
+from langchain_tag.extraction.pairs import (
+    DEFAULT_MAX_PAIRS,
+    ComparisonPlan,
+    plan_comparisons,
+)
 from langchain_tag.extraction.phases import (
     AtomicRecord,
     DraftRule,
@@ -53,12 +59,13 @@ from langchain_tag.extraction.phases import (
     SpanRecord,
 )
 from langchain_tag.extraction.report import ExtractionReport, PhaseReport
-from langchain_tag.extraction.sectioning import Section, detect_format, split_sections
+from langchain_tag.extraction.sectioning import Section
 from langchain_tag.extraction.verification import (
     FaithfulnessChecker,
     FaithfulnessMode,
     coverage,
     independence,
+    locate_span,
 )
 from langchain_tag.models import (
     CallRetry,
@@ -66,6 +73,7 @@ from langchain_tag.models import (
     model_identity,
     with_settings,
 )
+from langchain_tag.rule_schemas import CONDITION_SCHEMA, RuleSchema, rule_schema
 from langchain_tag.rules import (
     FORMAT_VERSION,
     Rule,
@@ -120,9 +128,17 @@ class ExtractionSettings:
     max_section_tokens: int = 1500
     units_per_call: int = 12
     rules_per_comparison: int = 16
+    max_pairs: int | None = DEFAULT_MAX_PAIRS
+    """Phase 4 compares at most this many rule pairs sharing a tag; over it, the
+    most similar are kept and the report counts the rest as skipped. None: every
+    pair sharing a tag, which grows with the square of the rules. See
+    `pairs.DEFAULT_MAX_PAIRS` for the default."""
     faithfulness_mode: FaithfulnessMode = "corrected"
     faithfulness_threshold: float = 0.85
     min_coverage_overlap: float = 0.5
+    rule_schema: RuleSchema | str = CONDITION_SCHEMA
+    """What phase 3 writes of each rule: a `RuleSchema`, or a built-in's name
+    ("condition", the default; "nba") or a JSON Schema file (`rule_schema`)."""
     merge: MergePolicy = "duplicates"
     """Which phase-4 pairs become one rule. "duplicates" (default, the method):
     only pairs judged `duplicate`. "preferred": also pairs of any relationship
@@ -137,13 +153,32 @@ class ExtractionSettings:
         """Accept any collection of phase numbers (JSON sends a list).
 
         Raises:
-            ValueError: `merge` is not a `MergePolicy`.
+            ValueError: `skip_phases` holds a number outside 1-5, `merge` is not a
+                `MergePolicy`, or `max_pairs` is not a positive integer or None.
+            RuleSchemaError: `rule_schema` names no built-in schema or readable
+                schema file.
         """
         object.__setattr__(self, "skip_phases", frozenset(self.skip_phases))
+        if not self.skip_phases <= {1, 2, 3, 4, 5}:
+            found = sorted(self.skip_phases)
+            msg = f"skip_phases takes phase numbers 1-5, got {found}."
+            raise ValueError(msg)
+        object.__setattr__(self, "rule_schema", rule_schema(self.rule_schema))
         if self.merge not in get_args(MergePolicy):
             choices = ", ".join(map(repr, get_args(MergePolicy)))
             msg = f"merge must be one of {choices}, got {self.merge!r}."
             raise ValueError(msg)
+        cap = self.max_pairs
+        if cap is not None and (
+            isinstance(cap, bool) or not isinstance(cap, int) or cap < 1
+        ):
+            msg = f"max_pairs must be an integer >= 1 (None: no cap), got {cap!r}."
+            raise ValueError(msg)
+
+    @property
+    def schema(self) -> RuleSchema:
+        """`rule_schema` as a `RuleSchema` (names and files are read on creation)."""
+        return rule_schema(self.rule_schema)
 
     def key(self) -> str:
         """What, besides the prompt, decides an LLM node's output (for its cache).
@@ -195,6 +230,8 @@ class ExtractionState(TypedDict, total=False):
     spans: list[dict[str, Any]]
     atomics: list[dict[str, Any]]
     drafts: list[dict[str, Any]]
+    comparisons: dict[str, Any]
+    """Phase 4's `ComparisonPlan`: its groups and the pairs they compare."""
     verified: list[dict[str, Any]]
     uncovered: list[dict[str, Any]]
     rulebook: dict[str, Any]
@@ -238,7 +275,8 @@ def _model(settings: ExtractionSettings) -> BaseChatModel:
 def _request(
     phase: _LLMPhase, key: str, batch: Any, state: ExtractionState
 ) -> ModelRequest:
-    system, user = (str(m.content) for m in phase.messages(batch, _domain(state)))
+    messages = phase.messages(batch, _domain(state), _settings().schema)
+    system, user = (str(m.content) for m in messages)
     payload = json.dumps([state["model_key"], _settings().key(), system, user])
     return {
         "key": f"{phase.prefix}:{key}",
@@ -344,12 +382,8 @@ def prepare(state: ExtractionState) -> dict[str, Any]:
     ids = _document_ids(documents)
     sections: list[Section] = []
     for doc, document_id in zip(documents, ids, strict=True):
-        fmt = detect_format(doc.page_content, doc.metadata.get("source"))
-        sections += split_sections(
-            doc.page_content,
-            document_id,
-            fmt=fmt,
-            max_tokens=settings.max_section_tokens,
+        sections += document_sections(
+            doc, document_id, max_tokens=settings.max_section_tokens
         )
     return {
         "documents": documents,  # as Documents, also when a server sent JSON
@@ -410,44 +444,16 @@ def _unit_batches(
     ]
 
 
-def tag_groups(
-    drafts: Sequence[DraftRule], limit: int
+def _comparisons(state: ExtractionState) -> ComparisonPlan:
+    return ComparisonPlan.model_validate(state.get("comparisons", {}))
+
+
+def _relation_batches(
+    state: ExtractionState, _: ExtractionSettings
 ) -> list[tuple[str, list[DraftRule]]]:
-    """Groups of rules sharing a tag, each small enough for one call.
-
-    A tag with more than `limit` rules is cut into chunks of `limit // 2`, and every
-    pair of chunks is one group, so every pair of rules sharing the tag meets in at
-    least one call.
-    """
-    by_tag = _by_tag(drafts)
-    groups = []
-    for tag in sorted(by_tag):
-        members = by_tag[tag]
-        if len(members) < 2:  # noqa: PLR2004 - a pair needs two
-            continue
-        if len(members) <= limit:
-            groups.append((f"{tag}:0", members))
-            continue
-        chunks = list(batches(members, max(1, limit // 2)))
-        for n, (a, b) in enumerate(combinations(range(len(chunks)), 2)):
-            groups.append((f"{tag}:{n}", [*chunks[a], *chunks[b]]))
-    return groups
-
-
-def shared_tag_pairs(drafts: Sequence[DraftRule]) -> int:
-    """Number of distinct rule pairs that share at least one tag."""
-    pairs: set[tuple[str, str]] = set()
-    for members in _by_tag(drafts).values():
-        pairs.update(combinations(sorted(d.draft_id for d in members), 2))
-    return len(pairs)
-
-
-def _by_tag(drafts: Sequence[DraftRule]) -> dict[str, list[DraftRule]]:
-    by_tag: dict[str, list[DraftRule]] = defaultdict(list)
-    for draft in drafts:
-        for tag in draft.tags:
-            by_tag[tag].append(draft)
-    return by_tag
+    """Phase 4's groups, as `plan_relations` planned them (`plan_comparisons`)."""
+    by_id = {d.draft_id: d for d in _drafts(state)}
+    return [(key, [by_id[i] for i in ids]) for key, ids in _comparisons(state).groups]
 
 
 def _recovery_batches(
@@ -468,7 +474,7 @@ class _LLMPhase(NamedTuple):
     answer_list: str  # what its answer must hold to be kept in the answer store
     skipped_with: tuple[int, ...]
     batches: Callable[[ExtractionState, ExtractionSettings], Iterable[tuple[str, Any]]]
-    messages: Callable[[Any, str], list[BaseMessage]]
+    messages: Callable[[Any, str, RuleSchema], list[BaseMessage]]
 
     def skipped(self, settings: ExtractionSettings) -> bool:
         return not settings.skip_phases.isdisjoint(self.skipped_with)
@@ -483,7 +489,7 @@ _SPANS, _ATOMICS, _RULES, _RELATIONS, _RECOVER = _LLM_PHASES = (
         answer_list="spans",
         skipped_with=(SPAN_DETECTION,),
         batches=lambda state, _: [(s.section_id, s) for s in _sections(state)],
-        messages=phases.span_messages,
+        messages=lambda section, domain, _: phases.span_messages(section, domain),
     ),
     _LLMPhase(
         prefix="atomics",  # one call per section with spans
@@ -492,7 +498,7 @@ _SPANS, _ATOMICS, _RULES, _RELATIONS, _RECOVER = _LLM_PHASES = (
         answer_list="atomic_units",
         skipped_with=(DECOMPOSITION,),
         batches=lambda state, _: _by("section_id", _spans(state)).items(),
-        messages=phases.atomic_messages,
+        messages=lambda spans, domain, _: phases.atomic_messages(spans, domain),
     ),
     _LLMPhase(
         prefix="rules",  # calls per batch of units of one section
@@ -504,15 +510,13 @@ _SPANS, _ATOMICS, _RULES, _RELATIONS, _RECOVER = _LLM_PHASES = (
         messages=phases.rule_messages,
     ),
     _LLMPhase(
-        prefix="relations",  # calls per group sharing a tag, never all M(M-1)/2 pairs
+        prefix="relations",  # calls per group sharing a tag, max_pairs pairs at most
         node="compare_rules",
         row="relations",
         answer_list="relations",
         skipped_with=(RELATIONS,),
-        batches=lambda state, settings: tag_groups(
-            _drafts(state), settings.rules_per_comparison
-        ),
-        messages=phases.relation_messages,
+        batches=_relation_batches,
+        messages=lambda rules, domain, _: phases.relation_messages(rules, domain),
     ),
     _LLMPhase(
         prefix="recover",  # uncovered spans go back through phase 3 once
@@ -593,17 +597,33 @@ def plan_rules(state: ExtractionState) -> dict[str, Any]:
 
 
 def plan_relations(state: ExtractionState) -> dict[str, Any]:
-    """Phase-3 outputs -> draft rules (units verbatim when phase 3 is skipped)."""
+    """Phase-3 outputs -> draft rules (units verbatim when phase 3 is skipped).
+
+    And phase 4's groups, planned once here (`plan_comparisons`), checkpointed with
+    the drafts: choosing pairs over the cap scores every candidate pair.
+    """
+    settings = _settings()
     spans = {s.span_id: s for s in _spans(state)}
     drafts, tally = _read(
         state,
         _RULES,
-        lambda raw, units, tally: phases.read_rules(raw, units, spans, tally),
+        lambda raw, units, tally: phases.read_rules(
+            raw, units, spans, tally, _settings().schema
+        ),
         lambda units: [
             phases.draft_from_atomic(a, spans.get(a.span_id)) for a in units
         ],
     )
-    return {"drafts": _dump(drafts), "tallies": {"rules": dict(tally)}}
+    comparisons = (
+        ComparisonPlan()
+        if _RELATIONS.skipped(settings)
+        else plan_comparisons(drafts, settings.rules_per_comparison, settings.max_pairs)
+    )
+    return {
+        "drafts": _dump(drafts),
+        "comparisons": comparisons.model_dump(mode="json"),
+        "tallies": {"rules": dict(tally)},
+    }
 
 
 # --- phase 4 applied, phase 5 ---------------------------------------------------------
@@ -716,7 +736,9 @@ def _faithful(
     """Keep the rules whose source text is in (or close to) their own sections.
 
     Searching only the rule's sections, not the whole document, gives a repeated
-    sentence its own offsets and rejects a source quoted from somewhere else.
+    sentence its own offsets and rejects a source quoted from somewhere else. A
+    source found once whitespace and quote marks are normalised (a wrapped line
+    quoted with a space) becomes the document's text there, so it stays verbatim.
     """
     contents = (d.page_content for d in state["documents"])
     texts = dict(zip(state["document_ids"], contents, strict=True))
@@ -733,14 +755,25 @@ def _faithful(
             )
             result = checker.check(rule["source_text"])
             if best is None or result.score > best[1].score:
-                best = (document_id, result, start)
+                best = (document_id, result, start, checker.document)
             if result.faithful:
                 break
         if best is not None and best[1].faithful:
-            document_id, result, offset = best
-            begin = offset + (result.start or 0)
-            end = min(begin + len(rule["source_text"]), len(texts[document_id]))
-            kept.append({**rule, "document_id": document_id, "source": [begin, end]})
+            document_id, result, offset, region = best
+            found = None if result.exact else locate_span(rule["source_text"], region)
+            if found is None:  # exact, or only close: the quote as the model wrote it
+                quote, begin = rule["source_text"], offset + (result.start or 0)
+            else:
+                quote, begin = region[found[0] : found[1]], offset + found[0]
+            end = min(begin + len(quote), len(texts[document_id]))
+            kept.append(
+                {
+                    **rule,
+                    "source_text": quote,
+                    "document_id": document_id,
+                    "source": [begin, end],
+                }
+            )
         else:
             removed.append(
                 {
@@ -807,11 +840,11 @@ def _rule_ids(rules: Sequence[dict[str, Any]]) -> dict[str, str]:
     ids: dict[str, str] = {}
     used: set[str] = set()
     for rule in rules:
-        digest = hashlib.sha256(
-            json.dumps(
-                [rule["document_id"], rule["condition"], rule["action"]]
-            ).encode()
-        ).hexdigest()[:8]
+        key = [rule["document_id"], rule["condition"], rule["action"]]
+        if rule.get("fields"):  # a schema's other fields tell rules apart too
+            key.append(rule["fields"])
+        payload = json.dumps(key, sort_keys=True).encode()
+        digest = hashlib.sha256(payload).hexdigest()[:8]
         rule_id = _unique(f"{slug(rule['document_id'], 'rule', 24)}-{digest}", used)
         ids[rule["draft_id"]] = rule_id
         used.add(rule_id)
@@ -822,6 +855,7 @@ def _to_rule(
     rule: dict[str, Any],
     ids: Mapping[str, str],
     spans: Mapping[str, SpanRecord],
+    page_starts: Mapping[str, Sequence[int]],
 ) -> Rule:
     # Verified rules carry where their source was found; unverified ones (phase 5
     # skipped) point at the span they were extracted from.
@@ -847,6 +881,9 @@ def _to_rule(
         for link in rule.get("links", [])
         if link["other"] in ids
     )
+    pages: tuple[int, ...] = ()
+    if source is not None and (starts := page_starts.get(source.document_id)):
+        pages = pages_of(starts, source.start, source.end)
     return Rule(
         rule_id=ids[rule["draft_id"]],
         name=rule["name"],
@@ -860,8 +897,10 @@ def _to_rule(
             atomic_ids=tuple(rule["atomic_ids"]),
             normative_type=rule.get("normative_type"),
             merged_rule_ids=tuple(rule.get("merged", [])),
+            pages=pages,
         ),
         relations=relations,
+        **rule.get("fields", {}),
     )
 
 
@@ -873,7 +912,9 @@ def finalize(state: ExtractionState, config: RunnableConfig) -> dict[str, Any]:
     drafts, tally = _read(
         state,
         _RECOVER,
-        lambda raw, units, tally: phases.read_rules(raw, units, by_span, tally),
+        lambda raw, units, tally: phases.read_rules(
+            raw, units, by_span, tally, settings.schema
+        ),
     )
     recovered = [
         {
@@ -894,7 +935,14 @@ def finalize(state: ExtractionState, config: RunnableConfig) -> dict[str, Any]:
         tally["recovered_faithful"] = len(kept)
         still_uncovered = _uncovered(rules, spans, settings.min_coverage_overlap)
     ids = _rule_ids(rules)
-    final = [_to_rule(rule, ids, by_span) for rule in rules]
+    page_starts = {
+        document_id: doc.metadata["page_starts"]
+        for document_id, doc in zip(
+            state["document_ids"], state["documents"], strict=True
+        )
+        if doc.metadata.get("page_starts")
+    }
+    final = [_to_rule(rule, ids, by_span, page_starts) for rule in rules]
     report = _report(
         state, config, settings, final, removed, recovered, still_uncovered, tally
     )
@@ -904,6 +952,9 @@ def finalize(state: ExtractionState, config: RunnableConfig) -> dict[str, Any]:
         "rules": _dump(final),
         "documents": _dump(source_documents(state["documents"])),
         "diagnostics": report.model_dump(mode="json"),
+        "rule_schema": None
+        if settings.schema == CONDITION_SCHEMA
+        else settings.schema.model_dump(mode="json"),
     }
     return {"rulebook": rulebook, "report": report.model_dump(mode="json")}
 
@@ -952,14 +1003,16 @@ def _report(
         for link in rule["links"]
     )
     names = independence([r.name for r in final])
+    comparisons = _comparisons(state)
     return ExtractionReport(
         domain=_domain(state),
         documents=len(state["documents"]),
         sections=len(state.get("sections", [])),
         phases=phase_reports,
-        pairs_compared=0
-        if RELATIONS in settings.skip_phases
-        else shared_tag_pairs(drafts),
+        candidate_pairs=comparisons.candidate_pairs,
+        pairs_compared=comparisons.pairs_compared,
+        pairs_skipped=comparisons.pairs_skipped,
+        max_pairs=settings.max_pairs,
         pairs_possible=len(drafts) * (len(drafts) - 1) // 2,
         duplicates_merged=tallies.get("relations", {}).get("duplicates_merged", 0),
         relations={k: v // 2 for k, v in relation_counts.items()},

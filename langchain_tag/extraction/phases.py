@@ -8,19 +8,28 @@ The LangGraph nodes in `graph.py` only add the model call around these functions
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+)
 
 from langchain_tag._delimiters import escape_delimiters
 from langchain_tag._text import first_json_object
 from langchain_tag.extraction import prompts
 from langchain_tag.extraction.sectioning import Section
 from langchain_tag.extraction.verification import locate_span
+from langchain_tag.rule_schemas import CONDITION_SCHEMA, RuleSchema
 from langchain_tag.rules import NormativeType, PreferredAction, Relationship
 
 _T = TypeVar("_T")
@@ -61,13 +70,11 @@ class AtomicItem(_Item):
     split_rationale: str | None = None
 
 
-class RuleItem(_Item):
-    """Phase 3 output item."""
+class _RuleItem(_Item):
+    """What every phase-3 output item holds, whatever the rule schema."""
 
     atomic_id: str = Field(min_length=1)
     rule_name: str = Field(min_length=1)
-    condition: str = Field(min_length=1)
-    action: str = Field(min_length=1)
     source_text: str | None = None
     category_tags: list[str] = Field(default_factory=list)
 
@@ -79,6 +86,31 @@ class RuleItem(_Item):
         if not isinstance(value, list):
             return []
         return [str(tag).strip().lower() for tag in value if str(tag).strip()]
+
+
+class RuleItem(_RuleItem):
+    """Phase 3 output item (the condition schema)."""
+
+    condition: str = Field(min_length=1)
+    action: str = Field(min_length=1)
+
+
+@functools.cache
+def rule_item_model(schema: RuleSchema) -> type[_RuleItem]:
+    """Phase 3's output item for `schema`: `RuleItem` plus or instead of its fields.
+
+    A required field must be non-blank text; an optional one may be null or blank.
+    """
+    if schema == CONDITION_SCHEMA:
+        return RuleItem
+    fields: dict[str, Any] = {
+        f.name: (str, Field(min_length=1)) if f.required else (str | None, None)
+        for f in schema.fields
+    }
+    model: type[_RuleItem] = create_model(
+        f"RuleItem_{schema.name}", __base__=_RuleItem, **fields
+    )
+    return model
 
 
 class RelationItem(_Item):
@@ -137,6 +169,9 @@ class DraftRule(_Record):
     span_ids: tuple[str, ...]
     atomic_ids: tuple[str, ...]
     normative_type: NormativeType | None = None
+    fields: dict[str, Any] = Field(default_factory=dict)
+    """A rule schema's other values (`RuleSchema.rule_values`): profile fields and
+    `fields`; empty for the condition schema."""
 
 
 class RelationRecord(_Record):
@@ -347,10 +382,14 @@ def atomic_from_span(span: SpanRecord, number: int) -> AtomicRecord:
 # --- phase 3 ----------------------------------------------------------------------
 
 
-def rule_messages(atomics: Sequence[AtomicRecord], domain: str) -> list[BaseMessage]:
-    """Phase 3 prompt for a batch of atomic units."""
+def rule_messages(
+    atomics: Sequence[AtomicRecord],
+    domain: str,
+    schema: RuleSchema = CONDITION_SCHEMA,
+) -> list[BaseMessage]:
+    """Phase 3 prompt for a batch of atomic units, asking for `schema`'s fields."""
     return _listing(
-        prompts.OPERATIONALISATION_SYSTEM,
+        prompts.operationalisation_system(schema),
         prompts.OPERATIONALISATION_USER,
         domain,
         units=(f"{_local(a.atomic_id)}: {a.text} | {a.original_text}" for a in atomics),
@@ -362,11 +401,12 @@ def read_rules(
     atomics: Sequence[AtomicRecord],
     spans: dict[str, SpanRecord],
     tally: Counter[str],
+    schema: RuleSchema = CONDITION_SCHEMA,
 ) -> list[DraftRule]:
     """Phase 3 output -> draft rules tied to their atomic units and spans."""
     by_local = {_local(a.atomic_id): a for a in atomics}
     drafts: list[DraftRule] = []
-    for item in read_items(text, "rules", RuleItem, tally):
+    for item in read_items(text, "rules", rule_item_model(schema), tally):
         atomic = _referenced(item.atomic_id, by_local, "atomic_id", tally)
         if atomic is None:
             continue
@@ -375,13 +415,15 @@ def read_rules(
             tally["tags_truncated"] += 1
             tags = tags[:MAX_TAGS]
         draft = draft_from_atomic(atomic, spans.get(atomic.span_id))
+        values = schema.rule_values(item.model_dump())
         update = {
             "draft_id": f"{atomic.atomic_id}/R-{len(drafts) + 1}",
             "name": item.rule_name,
-            "condition": item.condition,
-            "action": item.action,
+            "condition": values.pop("condition"),
+            "action": values.pop("action"),
             "source_text": item.source_text or atomic.original_text,
             "tags": tags or ("general",),
+            "fields": {} if schema == CONDITION_SCHEMA else values,
         }
         drafts.append(draft.model_copy(update=update))
     return drafts

@@ -4,6 +4,8 @@ The wording is ours; the structure follows the method. Each puts the domain in t
 system message and asks for one JSON object.
 """
 
+from langchain_tag.rule_schemas import CONDITION_SCHEMA, RuleSchema
+
 EXTRACTION_PROMPT_VERSION = "extract-v1"
 """Bumped whenever an extraction prompt changes, so cached phase outputs are not reused."""
 
@@ -87,6 +89,58 @@ OPERATIONALISATION_USER = """\
 Units (id: text | original text):
 
 {units}"""
+
+SCHEMA_OPERATIONALISATION_SYSTEM = """\
+You turn atomic normative units from a {{domain}} document into {description}.
+
+For each unit write:
+- rule_name: 3 to 8 words that tell this rule apart from similar ones.
+{field_lines}\
+- source_text: the unit's original text, copied exactly.
+- category_tags: 1 to 3 short lowercase tags for the rule's subject.
+{sides}\
+Invent nothing that the unit does not say.
+
+Answer with one JSON object and nothing else:
+{{{{"rules": [{{{{"atomic_id": "<unit id>", "rule_name": "...", {field_keys}, \
+"source_text": "...", "category_tags": ["..."]}}}}]}}}}"""
+"""Phase 3 for a rule schema other than the default: its fields, described."""
+
+SCHEMA_SIDES = (
+    "{judged} decide(s) whether the rule applies: state it as facts a task input can "
+    "show, never as what to do. {acted} say(s) what to do once it applies: concrete "
+    "operations, not goals.\n"
+)
+
+
+def operationalisation_system(schema: RuleSchema) -> str:
+    """Phase 3's system prompt (with a `{domain}` slot) for a rule schema.
+
+    The condition schema's is `OPERATIONALISATION_SYSTEM`, byte for byte, so the
+    answers stored for it stay valid.
+    """
+    if schema == CONDITION_SCHEMA:
+        return OPERATIONALISATION_SYSTEM
+    field_lines = "".join(
+        f"- {f.name}: {f.description}"
+        + ("" if f.required else " Write null when the unit says nothing of it.")
+        + "\n"
+        for f in schema.fields
+    )
+    judged = ", ".join(f.name for f in schema.judge_fields)
+    acted = ", ".join(f.name for f in schema.executor_fields)
+    return SCHEMA_OPERATIONALISATION_SYSTEM.format(
+        description=_braces(schema.description or "operational rules"),
+        field_lines=_braces(field_lines),
+        sides=SCHEMA_SIDES.format(judged=judged, acted=acted),
+        field_keys=", ".join(f'"{f.name}": "..."' for f in schema.fields),
+    )
+
+
+def _braces(text: str) -> str:
+    """`text` kept literal through the `str.format(domain=...)` that follows."""
+    return text.replace("{", "{{").replace("}", "}}")
+
 
 # --- Stage 1, phase 4: duplicates and conflicts ---------------------------------------
 

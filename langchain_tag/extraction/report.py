@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from langchain_tag.extraction.phases import unreadable_problem
 
@@ -38,7 +38,21 @@ class ExtractionReport(BaseModel):
     documents: int
     sections: int
     phases: dict[str, PhaseReport]
-    pairs_compared: int = Field(description="Rule pairs sharing a tag (phase 4).")
+    candidate_pairs: int = Field(
+        default=0,
+        description="Distinct rule pairs sharing a tag: phase 4's candidates.",
+    )
+    pairs_compared: int = Field(
+        description="Candidate pairs that met in a phase-4 call: all of them at or "
+        "under `max_pairs`; over it, the `max_pairs` most similar, and any other "
+        "pair of the same call."
+    )
+    pairs_skipped: int = Field(
+        default=0, description="Candidate pairs not compared because of `max_pairs`."
+    )
+    max_pairs: int | None = Field(
+        default=None, description="The run's cap on phase-4 pairs; None: none."
+    )
     pairs_possible: int = Field(description="M(M-1)/2 over the rules entering phase 4.")
     duplicates_merged: int
     relations: dict[str, int]
@@ -53,6 +67,14 @@ class ExtractionReport(BaseModel):
     shared_names: dict[str, int]
     rules: int
     seconds: float
+
+    @model_validator(mode="before")
+    @classmethod
+    def _candidates_of_uncapped_runs(cls, data: Any) -> Any:
+        # Reports written before the cap compared every candidate pair.
+        if isinstance(data, dict) and "candidate_pairs" not in data:
+            return {**data, "candidate_pairs": data.get("pairs_compared", 0)}
+        return data
 
     @property
     def faithfulness(self) -> float:
@@ -129,8 +151,7 @@ class ExtractionReport(BaseModel):
             "",
             calls,
             (
-                f"phase 4: {self.pairs_compared} of {self.pairs_possible} possible "
-                f"pairs compared (shared tags); {self.duplicates_merged} duplicates "
+                f"{self._pairs_line()}; {self.duplicates_merged} duplicates "
                 f"merged; relations: {relations or 'none'}"
             ),
             self._faithfulness_line(),
@@ -138,6 +159,22 @@ class ExtractionReport(BaseModel):
             self._independence_line(),
         ]
         return "\n".join(lines)
+
+    def _pairs_line(self) -> str:
+        if not self.pairs_skipped:
+            return (
+                f"phase 4: {self.pairs_compared} of {self.pairs_possible} possible "
+                "pairs compared (shared tags)"
+            )
+        # Over the cap, `max_pairs` pairs were chosen; the others met in their calls.
+        extra = self.pairs_compared - (self.max_pairs or 0)
+        return (
+            f"phase 4: compared {self.pairs_compared:,} of {self.candidate_pairs:,} "
+            f"rule pairs sharing a tag ({self.pairs_skipped:,} skipped by "
+            f"--max-pairs {self.max_pairs}; the most similar kept"
+            + (f", and {extra:,} more that shared their calls" if extra > 0 else "")
+            + f"), of {self.pairs_possible:,} possible"
+        )
 
     # A score over nothing is no score: "n/a", never a perfect 1.000.
 

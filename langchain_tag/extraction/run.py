@@ -31,6 +31,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 
 from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache
+from langchain_tag.extraction.documents import DocumentLike, to_documents
 from langchain_tag.extraction.graph import (
     DEFAULT_DOMAIN,
     INVOCATION_KEY,
@@ -41,6 +42,7 @@ from langchain_tag.extraction.graph import (
 )
 from langchain_tag.extraction.report import ExtractionReport
 from langchain_tag.models import CallRetry, default_chat_model, model_identity
+from langchain_tag.rule_schemas import CONDITION_SCHEMA
 from langchain_tag.rules import Rulebook, SourceDocument
 
 DEFAULT_CHECKPOINT = Path(".langchain-tag") / "extraction.sqlite"
@@ -52,10 +54,8 @@ ProgressCallback = Callable[[str, int], None]
 """Called with (node name, number of tasks of that node finished so far)."""
 
 
-def _as_documents(documents: Iterable[Document | str]) -> list[Document]:
-    docs = [
-        d if isinstance(d, Document) else Document(page_content=d) for d in documents
-    ]
+def _as_documents(documents: Iterable[DocumentLike]) -> list[Document]:
+    docs = to_documents(documents)  # files are loaded here, before any model call
     if not docs:
         msg = "extract_rules needs at least one document."
         raise ValueError(msg)
@@ -90,10 +90,17 @@ def run_id_for(
             settings.max_section_tokens,
             settings.units_per_call,
             settings.rules_per_comparison,
+            settings.max_pairs,
             settings.faithfulness_mode,
             settings.faithfulness_threshold,
             settings.min_coverage_overlap,
             settings.merge,
+            # Only another schema counts, so the condition schema's ids stay put.
+            *(
+                []
+                if settings.schema == CONDITION_SCHEMA
+                else [settings.schema.digest()]
+            ),
         ],
         default=str,
     )
@@ -101,7 +108,7 @@ def run_id_for(
 
 
 def changed_documents(
-    recorded: Iterable[SourceDocument], documents: Iterable[Document | str]
+    recorded: Iterable[SourceDocument], documents: Iterable[DocumentLike]
 ) -> dict[str, list[str]]:
     """How `documents` differ from those a rulebook records, by document id.
 
@@ -175,7 +182,7 @@ class _Run:
     @classmethod
     def start(
         cls,
-        documents: Iterable[Document | str],
+        documents: Iterable[DocumentLike],
         llm: BaseChatModel | None,
         domain: str,
         skip_phases: Iterable[int],
@@ -184,12 +191,10 @@ class _Run:
         on_stored: Callable[[], None] | None,
     ) -> _Run:
         docs = _as_documents(documents)
-        skipped = frozenset(skip_phases)
-        if not skipped <= {1, 2, 3, 4, 5}:
-            msg = f"skip_phases takes phase numbers 1-5, got {sorted(skipped)}."
-            raise ValueError(msg)
         run_settings = ExtractionSettings(
-            llm=llm or default_chat_model(), skip_phases=skipped, **settings
+            llm=llm or default_chat_model(),
+            skip_phases=frozenset(skip_phases),
+            **settings,
         )
         key = run_id_for(docs, domain, run_settings)
         run_input: ExtractionInput = {
@@ -263,7 +268,7 @@ class _Run:
 
 
 def extract_rules(
-    documents: Iterable[Document | str],
+    documents: Iterable[DocumentLike],
     *,
     llm: BaseChatModel | None = None,
     domain: str = DEFAULT_DOMAIN,
@@ -280,8 +285,11 @@ def extract_rules(
     """Extract a verified rulebook from documents (the five phases of Stage 1).
 
     Args:
-        documents: LangChain documents from any loader, or plain strings. Markdown,
-            reStructuredText and plain text are sectioned by their structure.
+        documents: LangChain documents from any loader, plain strings, or paths
+            (`pathlib.Path`) of PDF, HTML, DOCX or text files, loaded by
+            `load_document` before any model call (a file that cannot be loaded
+            raises `DocumentError`, naming it). Markdown, reStructuredText and plain
+            text are sectioned by their structure, HTML and DOCX by their headings.
         llm: The extracting chat model; default from the environment.
         domain: What the documents govern ("Python code style", "NBA salary cap").
         skip_phases: Ablations: phases 1-5 to skip.
@@ -304,10 +312,13 @@ def extract_rules(
             is that of the call that finished the run (`ExtractionReport.format(
             stored=True)` labels it so).
         **settings: Other `ExtractionSettings` fields (`max_section_tokens`,
-            `faithfulness_mode`, `merge`, ...). `merge="duplicates"` (default, the
-            method) merges only pairs phase 4 judged duplicates;
+            `faithfulness_mode`, `merge`, `max_pairs`, ...). `merge="duplicates"`
+            (default, the method) merges only pairs phase 4 judged duplicates;
             `merge="preferred"` also merges pairs the model marked
-            `preferred_action: "merge"` (subsumptions, overlaps).
+            `preferred_action: "merge"` (subsumptions, overlaps). `max_pairs`
+            (default 5,000; None for no cap) bounds the rule pairs phase 4
+            compares: over it, the most similar pairs sharing a tag are compared
+            and the report counts the others as skipped.
 
     Returns:
         The rulebook; its `diagnostics` hold the `ExtractionReport`. Its calls are
@@ -331,7 +342,7 @@ def extract_rules(
 
 
 async def aextract_rules(
-    documents: Iterable[Document | str],
+    documents: Iterable[DocumentLike],
     *,
     llm: BaseChatModel | None = None,
     domain: str = DEFAULT_DOMAIN,

@@ -21,7 +21,8 @@ the original text. `split_sections` works in four steps:
    never inside a word; the one exception is a literal block over the budget on its
    own, which is cut between its lines rather than sent whole. The pieces are packed
    greedily into parts, so an edit can only move part boundaries after it, within the
-   same section.
+   same section. Given `breaks` (a PDF's page starts), no part is packed across one,
+   so an edit moves no boundary outside its own page.
 3. **Tiny sections.** A section (or part) under `MIN_SECTION_TOKENS` is merged into
    the one before it when both have the same parent (equal ``heading_path[:-1]``) and
    the merged text still fits `max_tokens`. The merged section keeps the first one's
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import PurePath
@@ -156,6 +158,7 @@ def split_sections(
     fmt: DocumentFormat | None = None,
     max_tokens: int = 1500,
     length_function: Callable[[str], int] = estimate_tokens,
+    breaks: Sequence[int] = (),
 ) -> list[Section]:
     """Split a document into sections for per-section extraction calls.
 
@@ -168,6 +171,9 @@ def split_sections(
         max_tokens: Budget per section, measured with `length_function`. Only a
             single word longer than the budget can exceed it.
         length_function: Size of a text in tokens.
+        breaks: Offsets, in order, that a section cut to fit the budget never
+            packs across, such as the page starts of a PDF: an edit on one page
+            then changes no part of another. A section that fits stays whole.
 
     Returns:
         The sections in document order; an empty list for a blank document.
@@ -197,7 +203,7 @@ def split_sections(
 
     parts: list[_Part] = []
     for raw in _join_bare_headings(_raw_sections(doc, structure.headings)):
-        parts.extend(_budget_parts(doc, structure, raw, fits))
+        parts.extend(_budget_parts(doc, structure, raw, fits, breaks))
     merged = _merge_tiny(text, parts, fits, length_function)
     return [
         Section(
@@ -734,9 +740,16 @@ def _leaves(
 
 
 def _budget_parts(
-    doc: _Doc, structure: _Structure, raw: _Raw, fits: Callable[[int, int], bool]
+    doc: _Doc,
+    structure: _Structure,
+    raw: _Raw,
+    fits: Callable[[int, int], bool],
+    breaks: Sequence[int] = (),
 ) -> list[_Part]:
-    """The section's span, cut into greedily packed parts that fit the budget."""
+    """The section's span, cut into greedily packed parts that fit the budget.
+
+    No part is packed across one of `breaks`.
+    """
     blocks = _blocks(doc, structure, raw.first, raw.stop)
     if not blocks:
         return []
@@ -746,7 +759,9 @@ def _budget_parts(
     start, end = blocks[0].start, blocks[0].start
     for block in blocks:
         for leaf in _leaves(doc.text, block, fits):
-            if start == end or fits(start, leaf.end):  # start == end: nothing yet
+            # A break between the part so far and this piece: a bisect, not a scan.
+            crossed = bisect_right(breaks, leaf.start) > bisect_right(breaks, end)
+            if start == end or (fits(start, leaf.end) and not crossed):
                 end = leaf.end
             else:
                 spans.append((start, end))

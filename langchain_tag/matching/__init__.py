@@ -7,7 +7,8 @@ One judgment per (input, rule), the rule's action withheld from the judge.
 - `verdicts`: `Verdict`, `JudgmentError`, `VerdictSink`, `UnreliableMatchWarning`.
 - `batched`: several rules judged in one call (`rules_per_call > 1`).
 - `cascade`: `CascadeJudge`, a cheap judge first and a strong one where unsure.
-- `profiles`: what the judge sees of a rule and how it answers (`NBA_PROFILE`, ...).
+- `profiles`: what the judge sees of a rule and how it answers (`NBA_PROFILE`, ...),
+  and the profile of a rule schema or a rulebook (`schema_profile`, `profile_for`).
 - `prompts`, `parsing`: the judge's messages, and reading its answers.
 - `limiter`: one bound on judgments in flight, across threads and event loops.
 - `prefilters`, `store`: shortlists by similarity (BM25, dense, hybrid, a Chroma
@@ -24,6 +25,8 @@ from langchain_tag.matching.profiles import (
     NBA_PROFILE,
     RuleSchemaProfile,
     constraint_profile,
+    profile_for,
+    schema_profile,
 )
 from langchain_tag.matching.verdicts import (
     JudgmentError,
@@ -45,4 +48,6 @@ __all__ = [
     "Verdict",
     "VerdictSink",
     "constraint_profile",
+    "profile_for",
+    "schema_profile",
 ]

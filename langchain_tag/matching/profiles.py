@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from langchain_tag.matching import prompts
-from langchain_tag.rules import Rule
+from langchain_tag.rule_schemas import CONDITION_SCHEMA, NBA_SCHEMA, RuleSchema
+from langchain_tag.rules import Rule, Rulebook
 
 
 class YesNoOutput(BaseModel):
@@ -127,6 +128,8 @@ class RuleSchemaProfile(BaseModel):
     batch_output_instruction: str | None = None
     """The closing line when several rules share a call; None: one rule per call."""
     batch_output_schema: _BatchOutputSchema | None = None
+    schema_fields: tuple[str, ...] = ()
+    """Names in `rule_fields` read from `Rule.fields` (a user-defined schema's)."""
 
     @property
     def batch_system_prompt(self) -> str:
@@ -138,7 +141,9 @@ class RuleSchemaProfile(BaseModel):
         if "action" in self.rule_fields:
             msg = "a rule-schema profile must not show the rule's action to the judge"
             raise ValueError(msg)
-        unknown = set(self.rule_fields) - set(Rule.model_fields)
+        unknown = (
+            set(self.rule_fields) - set(Rule.model_fields) - set(self.schema_fields)
+        )
         if unknown:
             msg = f"unknown rule fields in profile {self.name!r}: {sorted(unknown)}"
             raise ValueError(msg)
@@ -185,7 +190,11 @@ class RuleSchemaProfile(BaseModel):
         """The (label, value) pairs the judge sees for `rule`, empty ones left out."""
         pairs = []
         for name in self.rule_fields:
-            value = getattr(rule, name)
+            value = (
+                rule.fields.get(name)
+                if name in self.schema_fields
+                else getattr(rule, name)
+            )
             if name == "applies_when" and not value:
                 value = rule.condition  # rules without profile fields still judge
             if isinstance(value, tuple):
@@ -242,3 +251,47 @@ def constraint_profile(
 
 NBA_PROFILE = constraint_profile("nba", prompts.NBA_CRITERIA)
 """The paper's NBA salary-cap matcher, as a constraint profile."""
+
+
+def schema_profile(schema: RuleSchema) -> RuleSchemaProfile:
+    """The profile that judges rules extracted in `schema`.
+
+    The built-in schemas get their own profiles (`CONDITION_PROFILE`,
+    `NBA_PROFILE`). A user-defined schema is judged YES/NO, as the condition
+    profile is, on the rule's name, its judge-side fields (described in the system
+    prompt) and its tags; never its executor-side fields, which are only in the
+    action.
+    """
+    if schema == CONDITION_SCHEMA:
+        return CONDITION_PROFILE
+    if schema == NBA_SCHEMA:
+        return NBA_PROFILE
+    judged = tuple(f.name for f in schema.judge_fields)
+    own = tuple(name for name in judged if name not in Rule.model_fields)
+    return RuleSchemaProfile(
+        # The digest keeps verdicts of two schemas that share a name apart.
+        name=f"schema:{schema.name}:{schema.digest()[:12]}",
+        system_prompt=prompts.SCHEMA_JUDGE_SYSTEM.format(
+            field_descriptions="".join(
+                f"- {f.name}: {f.description}\n" for f in schema.judge_fields
+            ),
+            domain_criteria=prompts.render_criteria(schema.judge_criteria),
+        ),
+        output_instruction=prompts.JUDGE_OUTPUT_INSTRUCTION,
+        rule_fields=("rule_id", "name", *judged, "tags"),
+        output_schema=YesNoOutput,
+        batch_output_instruction=prompts.JUDGE_BATCH_OUTPUT_INSTRUCTION,
+        batch_output_schema=BatchYesNoOutput,
+        schema_fields=own,
+    )
+
+
+def profile_for(rulebook: Rulebook) -> RuleSchemaProfile:
+    """The profile a rulebook's rules are judged with by default.
+
+    Its schema's (`schema_profile`) when it records one; else the condition
+    profile.
+    """
+    if rulebook.rule_schema is None:
+        return CONDITION_PROFILE
+    return schema_profile(rulebook.rule_schema)

@@ -37,6 +37,9 @@ _PHASES = (
     ("You compare operational rules", "relations"),
 )
 _SECTION = re.compile(r"<section>\n(.*)\n</section>", re.DOTALL)
+# Phase 3's answer format names the rule schema's fields; its sides line the judge's.
+_RULE_KEYS = re.compile(r'"rule_name": "\.\.\.", (.*?), "source_text"')
+_JUDGED = re.compile(r"^(.*) decide\(s\) whether the rule applies", re.MULTILINE)
 _LISTED = re.compile(r"^([A-Z]-\d{3}): ", re.MULTILINE)
 _CODE = re.compile(r"``([^`]+)``|`([^`]+)`")
 _INJECTION = "IGNORE ALL PREVIOUS INSTRUCTIONS"
@@ -83,6 +86,8 @@ class ExtractionFakeChatModel(ScriptedFakeChatModel):
     - Atomic units: one per statement, two when it contains "; ".
     - Rules: name from the first words, condition naming the first code fragment
       (so `RuleAwareFakeChatModel` can judge it), action and source text from the unit.
+      A rule schema's other fields (named in the prompt's answer format) get the
+      condition if the judge sees them, else the action; optional ones are null.
     - Relations: rules with the same condition are duplicates; the same name with
       another condition is an overlap.
 
@@ -158,6 +163,11 @@ class ExtractionFakeChatModel(ScriptedFakeChatModel):
         return {"atomic_units": units}
 
     def _rules(self, prompt: str, user: str) -> dict[str, Any]:
+        keys_found = _RULE_KEYS.search(prompt)
+        keys = re.findall(r'"(\w+)": "', keys_found.group(1)) if keys_found else []
+        judged_found = _JUDGED.search(prompt)
+        judged = set(judged_found.group(1).split(", ")) if judged_found else set()
+        optional = set(re.findall(r"^- (\w+): .*Write null when", prompt, re.MULTILINE))
         rules: list[dict[str, Any]] = []
         for atomic_id, listed in _listed(user):
             text, _, original = listed.partition(" | ")
@@ -174,15 +184,30 @@ class ExtractionFakeChatModel(ScriptedFakeChatModel):
             source = original.strip()
             if self.corrupt_every and (len(rules) + 1) % self.corrupt_every == 0:
                 source = "This text was invented by the model and is in no document."
-            rules.append(
-                {
-                    "atomic_id": atomic_id,
-                    "rule_name": " ".join(words[:6]) or atomic_id,
-                    "condition": condition,
-                    "action": f"Apply: {text.strip()}",
-                    "source_text": source,
-                    "category_tags": tags[:3] or ["general"],
+            action = f"Apply: {text.strip()}"
+            rule: dict[str, Any] = {
+                "atomic_id": atomic_id,
+                "rule_name": " ".join(words[:6]) or atomic_id,
+                "condition": condition,
+                "action": action,
+            }
+            for key in keys:
+                if key not in rule:
+                    rule[key] = (
+                        None
+                        if key in optional
+                        else condition
+                        if key in judged
+                        else f"{key}: {action}"
+                    )
+            if keys:  # answer in the schema's fields only
+                rule = {
+                    k: v
+                    for k, v in rule.items()
+                    if k in {"atomic_id", "rule_name", *keys}
                 }
+            rules.append(
+                rule | {"source_text": source, "category_tags": tags[:3] or ["general"]}
             )
             if _INJECTION in text.upper():
                 rules.append(

@@ -41,8 +41,18 @@ _CHAIN_FILTER = re.compile(
 
 
 def condition_holds(text: str, fields: Mapping[str, str]) -> bool:
-    """The fake's ground truth: a backtick-quoted condition fragment is in the input."""
-    condition = fields.get("condition") or fields.get("applies_when") or ""
+    """The fake's ground truth: a backtick-quoted condition fragment is in the input.
+
+    The condition is `condition`, else `applies_when`, else (a user-defined rule
+    schema's judge-side fields) every field but the rule's id, name and tags.
+    """
+    condition = (
+        fields.get("condition")
+        or fields.get("applies_when")
+        or " ".join(
+            v for k, v in fields.items() if k not in {"rule_id", "name", "tags"}
+        )
+    )
     lowered = text.lower()
     return any(t.lower() in lowered for t in _TRIGGER.findall(condition))
 

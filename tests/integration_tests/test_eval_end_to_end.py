@@ -16,7 +16,9 @@ import pytest
 from langchain_tag import Rule, Rulebook, cli
 from langchain_tag.evaluation.datasets import load_wnc
 from langchain_tag.evaluation.methods import standard_methods
+from langchain_tag.rule_schemas import NBA_SCHEMA
 from langchain_tag.testing import (
+    ExtractionFakeChatModel,
     FakeOpenAIServer,
     NPOVFakeChatModel,
     RuleAwareFakeChatModel,
@@ -136,3 +138,39 @@ def test_nba_with_an_extracted_rulebook_over_http(
     assert tag["recall_micro"] is not None
     assert any("through the 2 of 3 rules" in note for note in tag["notes"])
     assert "rules-sim: k=" in " ".join(rows["rules-sim"]["notes"])
+
+
+def test_an_nba_rulebook_extracted_in_the_nba_schema_is_judged_by_its_matcher(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `tag extract --schema nba` on the CBA, then `tag eval nba --nba-rulebook`,
+    # each over HTTP to a loopback server playing the model.
+    path = tmp_path / "nba.rulebook.json"
+    cba = data_dir / "rulearena_nba" / "reference_rules.txt"
+    with FakeOpenAIServer(ExtractionFakeChatModel()) as server:
+        _point_at(monkeypatch, server)
+        argv = ["extract", "--schema", "nba", str(cba), "-o", str(path)]
+        assert cli.main([*argv, "--domain", "NBA CBA", "--no-checkpoint", "-q"]) == 0
+    rulebook = Rulebook.load(path)
+    assert rulebook.rule_schema == NBA_SCHEMA
+    assert len(rulebook) > 50
+    assert all(r.applies_when and r.constraint for r in rulebook.rules)
+    out = tmp_path / "out"
+    with FakeOpenAIServer(RuleAwareFakeChatModel()) as server:
+        _point_at(monkeypatch, server)
+        argv = _argv(
+            "nba",
+            out,
+            *("--data-dir", str(data_dir), "--nba-rulebook", str(path)),
+            *("--methods", "tag"),
+        )
+        assert cli.main(argv) == 0
+        prompts = [
+            " ".join(str(m["content"]) for m in r["messages"]) for r in server.requests
+        ]
+    judged = [p for p in prompts if '"applicable"' in p]
+    # Every rule judged for every input, by the NBA matcher's profile.
+    assert len(judged) == LIMIT * len(rulebook)
+    assert all("violation_check" in p for p in judged)
+    assert all(r.action not in p for r in rulebook.rules[:20] for p in judged)
+    assert _rows(out)["tag"]["status"] == "ok"

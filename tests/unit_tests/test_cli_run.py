@@ -10,6 +10,7 @@ import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from langchain_tag import Rule, Rulebook, cli
+from langchain_tag.rule_schemas import RuleSchema, SchemaField
 from langchain_tag.testing import RuleAwareFakeChatModel
 
 RULEBOOK = str(Path(__file__).parent.parent / "fixtures" / "pep8_rulebook.json")
@@ -235,3 +236,46 @@ def test_marked_standard_input_is_read(
     out = capsys.readouterr().out
     assert "matched 2 of 9 rules:" in out
     assert "\ufeff" not in out
+
+
+def test_run_judges_a_rulebook_by_the_schema_it_was_extracted_in(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    schema = RuleSchema(
+        name="contract",
+        fields=(
+            SchemaField(name="party", description="Who is bound.", side="judge"),
+            SchemaField(name="trigger", description="What starts it.", side="judge"),
+            SchemaField(name="obligation", description="What to do.", side="executor"),
+        ),
+    )
+    rules = [
+        Rule(
+            rule_id=f"C-{n}",
+            name=f"Clause {n}",
+            **schema.rule_values(
+                {
+                    "party": "the Buyer",
+                    "trigger": f"the input reports `{word}`",
+                    "obligation": f"SECRET-{n}: pay within 30 days",
+                }
+            ),
+        )
+        for n, word in enumerate(("an invoice", "a return"))
+    ]
+    path = tmp_path / "contract.rulebook.json"
+    Rulebook(rules=rules, rule_schema=schema).save(path)
+    judge = RuleAwareFakeChatModel()
+    monkeypatch.setattr("langchain_tag.models.default_chat_model", lambda **_: judge)
+    assert cli.main(["run", str(path), "We received an invoice today."]) == 0
+    assert "matched 1 of 2 rules:" in capsys.readouterr().out
+    judged = [p for p in judge.prompts if "applicability judge" in p]
+    assert len(judged) == 2
+    assert all("- party: Who is bound." in p for p in judged)
+    assert all("SECRET" not in p for p in judged)
+    # --profile still chooses another profile.
+    judge.reset()
+    assert cli.main(["run", str(path), "an invoice", "--profile", "condition"]) == 0
+    assert not any("- party: Who is bound." in p for p in judge.prompts)

@@ -30,7 +30,7 @@ from langchain_tag.learning import (
     LearnedPrefilter,
     SQLiteVerdictLog,
 )
-from langchain_tag.matching import UnreliableMatchWarning
+from langchain_tag.matching import RuleSchemaProfile, UnreliableMatchWarning
 from langchain_tag.models import CallRetry
 from langchain_tag.query_graph import QueryContext, build_query_graph
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
@@ -423,9 +423,11 @@ def test_runs_without_a_context_share_one_engine(
     built: list[object] = []
     real = QueryContext._build_judge
 
-    def counting(context: QueryContext, retry: CallRetry) -> Any:
+    def counting(
+        context: QueryContext, retry: CallRetry, profile: RuleSchemaProfile
+    ) -> Any:
         built.append(context)
-        return real(context, retry)
+        return real(context, retry, profile)
 
     monkeypatch.setattr(QueryContext, "_build_judge", counting)
     graph = build_query_graph()

@@ -46,7 +46,7 @@ from langchain_tag.extraction import (
     prompts,
 )
 from langchain_tag.extraction import graph as extraction_graph
-from langchain_tag.extraction.graph import shared_tag_pairs, tag_groups
+from langchain_tag.extraction.pairs import shared_tag_pairs, tag_groups
 from langchain_tag.extraction.phases import DraftRule
 from langchain_tag.extraction.sectioning import Section, detect_format, split_sections
 from langchain_tag.matching import ApplicabilityJudge

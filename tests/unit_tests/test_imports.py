@@ -151,7 +151,7 @@ LAYERS = [
         "_loading",
         "data",
     },
-    {"rules", "models", "cache", "embeddings", "resources", "usage"},
+    {"rules", "rule_schemas", "models", "cache", "embeddings", "resources", "usage"},
     {"extraction", "matching", "execution"},
     {"learning", "batch"},
     {"engine"},

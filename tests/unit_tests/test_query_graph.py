@@ -40,7 +40,7 @@ from langchain_tag._graph import coerce_context
 from langchain_tag.engine import select_applicable
 from langchain_tag.execution import GENERIC_TEMPLATE, prompts
 from langchain_tag.extraction import build_extraction_graph
-from langchain_tag.matching import Verdict, constraint_profile
+from langchain_tag.matching import RuleSchemaProfile, Verdict, constraint_profile
 from langchain_tag.matching.prompts import read_judge_message
 from langchain_tag.middleware import ReviewNeedsCheckpointerError
 from langchain_tag.models import CallRetry, ModelNotConfiguredError
@@ -52,6 +52,7 @@ from langchain_tag.query_graph import (
     build_query_graph,
     checkpoint_serializer,
 )
+from langchain_tag.rule_schemas import NBA_SCHEMA
 from langchain_tag.rules import Rule, RulebookError
 from langchain_tag.testing import (
     FakeClock,
@@ -216,9 +217,11 @@ def test_one_judge_serves_every_rule_of_a_run(
     built: list[QueryContext] = []
     real = QueryContext._build_judge
 
-    def counting(context: QueryContext, retry: CallRetry) -> Any:
+    def counting(
+        context: QueryContext, retry: CallRetry, profile: RuleSchemaProfile
+    ) -> Any:
         built.append(context)
-        return real(context, retry)
+        return real(context, retry, profile)
 
     monkeypatch.setattr(QueryContext, "_build_judge", counting)
     graph = build_query_graph()
@@ -488,6 +491,39 @@ def test_documents_are_extracted_as_part_of_the_run() -> None:
     assert len(judge_prompts(model.judge)) == 4
     for rule in rules:
         assert (rule["action"] in output["answer"]) == (rule in expected)
+
+
+@pytest.mark.parametrize("profile", [None, "condition"])
+def test_documents_extracted_in_a_schema_are_judged_by_its_profile(
+    profile: str | None,
+) -> None:
+    model = JudgeAndExtractorFakeChatModel()
+    output = build_query_graph().invoke(
+        {"query": DOCS_QUERY, "documents": style_guide()},
+        context=QueryContext(judge_model=model, rule_schema="nba", profile=profile),
+    )
+    assert len(output["matches"]) == 2  # the wildcard import and the bare except
+    judged = judge_prompts(model.judge)
+    assert len(judged) == 4
+    # The NBA matcher's fields, unless the context names another profile.
+    assert all(('"applicable"' in p) == (profile is None) for p in judged)
+    assert all(("violation_check" in p) == (profile is None) for p in judged)
+
+
+def test_a_rulebook_is_judged_by_the_profile_of_its_schema(
+    pep8_rulebook: Rulebook, judge: RuleAwareFakeChatModel
+) -> None:
+    nba = pep8_rulebook.model_copy(update={"rule_schema": NBA_SCHEMA})
+    graph = build_query_graph()
+    for rulebook, asked in ((nba, True), (pep8_rulebook, False)):
+        judge.reset()
+        graph.invoke(
+            {"query": QUERY, "rulebook": rulebook.model_dump(mode="json")},
+            context=QueryContext(judge_model=judge),
+        )
+        judged = judge_prompts(judge)
+        assert judged
+        assert all(('"applicable"' in p) == asked for p in judged)
 
 
 async def test_documents_are_extracted_in_async_runs_too() -> None:

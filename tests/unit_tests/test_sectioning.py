@@ -734,3 +734,22 @@ def test_real_documents_at_small_budgets(data_dir: Path, max_tokens: int) -> Non
         text = (data_dir / name).read_text(encoding="utf-8")
         sections = split_sections(text, "d", max_tokens=max_tokens)
         _assert_sections(text, sections, document_id="d", max_tokens=max_tokens)
+
+
+def test_a_section_cut_to_fit_is_never_packed_across_a_break() -> None:
+    pages = [
+        "\n\n".join(f"Page {p} paragraph {n} must be read." for n in range(3))
+        for p in (1, 2, 3)
+    ]
+    text = "\n\n".join(pages)
+    starts = [text.index(page) for page in pages]
+    packed = split_sections(text, "d", fmt="text", max_tokens=40)
+    assert any(s.start < starts[1] < s.end for s in packed)  # crosses a page
+    cut = split_sections(text, "d", fmt="text", max_tokens=40, breaks=starts)
+    assert not any(s.start < b < s.end for s in cut for b in starts)
+    assert "".join(text[s.start : s.end] for s in cut).replace("\n", "") == (
+        text.replace("\n", "")
+    )
+    # A section that fits the budget stays whole, breaks or not.
+    whole = split_sections(text, "d", fmt="text", max_tokens=1500, breaks=starts)
+    assert [(s.start, s.end) for s in whole] == [(0, len(text))]

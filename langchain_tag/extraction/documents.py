@@ -1,0 +1,697 @@
+"""Documents in: PDF, HTML, DOCX and text files as LangChain `Document`s.
+
+A loaded document's `page_content` is what the extracting model reads and what every
+rule's `source` offsets point into, so it is made once, here, and never changed
+after: each rule's `source_text` is then a substring of it at its offsets.
+
+- PDF (pypdf): each page's text layer, pages joined by `PAGE_SEPARATOR` (a blank
+  line). `metadata["page_starts"]` holds the offset where each page starts;
+  `pages_of` turns a span into the pages it is on, and `document_sections` never
+  packs a section cut to the budget across a page start, so an edited page changes
+  no other page's sections (nor their stored answers). A PDF without any text
+  layer (scanned), or that opens only with a password, is refused.
+- HTML (Beautiful Soup) and DOCX (python-docx): the visible text, one block a
+  paragraph, headings written as Markdown ATX headings (`## Title`) so that
+  sectioning follows them, list items and table rows one a line (cells separated
+  by tabs), HTML `<pre>` blocks fenced. `metadata["markup"]` is "markdown".
+- Any other file: UTF-8 text read as it is, as before (`read_text`), so a text
+  file's offsets are the file's own; its markup is detected when it is sectioned.
+
+The text of PDF, HTML and DOCX files is normalised: Unicode NFC, Latin ligatures
+(U+FB00-FB06) spelled out, no-break and other fixed-width spaces made spaces, soft
+hyphens, zero-width spaces and byte-order marks removed, any line break made a
+newline, trailing spaces and runs of blank lines dropped. A model copying a sentence
+writes those characters the plain way; the text it copies from has them that way too.
+
+The libraries are used directly, not LangChain's community loaders: the
+`langchain-community` package is being sunset (importing it warns), and its loaders
+keep neither page offsets nor headings, include script text (BSHTMLLoader) and leave
+encrypted or scanned files to fail later or not at all.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import unicodedata
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from langchain_core.documents import Document
+
+from langchain_tag._text import TextEncodingError, describe_error, read_text
+from langchain_tag.errors import TAGError
+from langchain_tag.extraction.sectioning import (
+    DocumentFormat,
+    Section,
+    detect_format,
+    split_sections,
+)
+
+if TYPE_CHECKING:
+    from bs4.element import NavigableString, Tag
+    from docx.table import Table
+    from docx.text.paragraph import Paragraph
+
+__all__ = [
+    "PAGE_SEPARATOR",
+    "SUPPORTED_SUFFIXES",
+    "DocumentError",
+    "DocumentLike",
+    "document_sections",
+    "load_document",
+    "load_documents",
+    "pages_of",
+    "to_documents",
+]
+
+FileFormat = Literal["pdf", "html", "docx"]
+
+DocumentLike = Document | str | os.PathLike[str]
+"""A document as extraction takes it: a `Document`, its text, or its file's path."""
+
+SUPPORTED_SUFFIXES: Mapping[str, FileFormat] = {
+    ".pdf": "pdf",
+    ".html": "html",
+    ".htm": "html",
+    ".xhtml": "html",
+    ".docx": "docx",
+}
+"""File suffixes with a loader of their own (`metadata["format"]`); any other file is
+read as UTF-8 text."""
+
+PAGE_SEPARATOR = "\n\n"
+"""What joins a PDF's pages: a paragraph break, as a page break is in the text."""
+
+_INSTALL = "pip install 'langchain-tag[documents]'"
+
+
+class DocumentError(TAGError, ValueError):
+    """A file that cannot be loaded as a document: `what`, `problem`, `fix`.
+
+    The message is `"{what}: {problem} {fix}"`: the file, what is wrong with it and
+    what to do. Raised for files that are empty or have no text (a scanned PDF),
+    encrypted, damaged or not what their suffix says, and when the library that
+    reads their format is not installed (the fix names the `documents` extra).
+    """
+
+    def __init__(self, what: str, problem: str, fix: str = "") -> None:
+        """Build the error from the file's name, what is wrong and what to do."""
+        self.what = what
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{what}: {problem} {fix}".rstrip())
+
+
+# --- the public functions -------------------------------------------------------------
+
+
+def load_document(path: str | os.PathLike[str]) -> Document:
+    """Load one file as a `Document` for extraction, by its suffix.
+
+    PDF, HTML and DOCX files are read by their loaders (see the module docstring);
+    any other file as UTF-8 text, as it is. `metadata["source"]` is the path as
+    given; PDF, HTML and DOCX documents also have `metadata["format"]`, and PDFs
+    `metadata["pages"]` and `metadata["page_starts"]`.
+
+    Args:
+        path: The file.
+
+    Returns:
+        The document, with text to extract rules from.
+
+    Raises:
+        DocumentError: The file has no text, or cannot be read as its format says
+            (encrypted, damaged, a scanned PDF, not UTF-8 text, a missing
+            library); the message names the file and says what to do.
+        OSError: The file cannot be read (missing, a directory, no permission).
+    """
+    what = os.fspath(path)
+    file_format = SUPPORTED_SUFFIXES.get(Path(what).suffix.lower())
+    if file_format is None:
+        return _text_document(what)
+    raw = Path(what).read_bytes()
+    if not raw.strip():
+        raise DocumentError(what, "the file is empty.", _NOTHING_TO_EXTRACT)
+    return _LOADERS[file_format](what, raw)
+
+
+def load_documents(paths: Iterable[str | os.PathLike[str]]) -> list[Document]:
+    """`load_document` for each path, in order; the first bad file raises."""
+    return [load_document(path) for path in paths]
+
+
+def to_documents(items: Iterable[DocumentLike]) -> list[Document]:
+    """Documents as extraction takes them, each loaded once.
+
+    A `Document` is kept as it is, a str is the text of a document, and a path
+    (`pathlib.Path`, any `os.PathLike`) is loaded by `load_document`.
+
+    Raises:
+        DocumentError: A path's file cannot be loaded (see `load_document`).
+        OSError: A path's file cannot be read.
+    """
+    return [
+        item
+        if isinstance(item, Document)
+        else load_document(item)
+        if isinstance(item, os.PathLike)
+        else Document(page_content=item)
+        for item in items
+    ]
+
+
+def document_sections(
+    document: Document, document_id: str, *, max_tokens: int = 1500
+) -> list[Section]:
+    """A document's sections as extraction sends them (`split_sections`).
+
+    The markup is the one its loader recorded (`metadata["markup"]`: "markdown" for
+    HTML and DOCX, whose headings it writes as Markdown; "text" for PDFs), else it
+    is detected from the document's source and content (`detect_format`). A PDF's
+    page starts are `breaks`: an edited page changes no other page's sections.
+
+    Args:
+        document: The document.
+        document_id: Its id, the prefix of its section ids.
+        max_tokens: The budget of a section.
+    """
+    markup = document.metadata.get("markup")
+    if markup not in get_args(DocumentFormat):
+        markup = detect_format(document.page_content, document.metadata.get("source"))
+    return split_sections(
+        document.page_content,
+        document_id,
+        fmt=markup,
+        max_tokens=max_tokens,
+        breaks=document.metadata.get("page_starts") or (),
+    )
+
+
+def pages_of(page_starts: Sequence[int], start: int, end: int) -> tuple[int, ...]:
+    """The pages (1-based) the text `start:end` of a paged document is on.
+
+    Args:
+        page_starts: Where each page starts in the text, in order (the first is 0),
+            as `metadata["page_starts"]` of a loaded PDF holds them. The separator
+            after a page counts as that page's.
+        start: Start offset of the span.
+        end: Its exclusive end; an empty span is on the page of `start`.
+
+    Returns:
+        Consecutive page numbers, e.g. `(2,)` or `(2, 3)`; `()` without pages.
+    """
+    if not page_starts:
+        return ()
+    first = max(bisect_right(page_starts, start), 1)
+    last = max(bisect_right(page_starts, max(start, end - 1)), first)
+    return tuple(range(first, last + 1))
+
+
+# --- normalising the text of PDF, HTML and DOCX files ------------------------------
+
+_NOTHING_TO_EXTRACT = "There is no text to extract rules from."
+
+_CHARACTERS = str.maketrans(
+    {
+        # Ligatures as fonts set them; PDF text layers often keep them.
+        "\ufb00": "ff",
+        "\ufb01": "fi",
+        "\ufb02": "fl",
+        "\ufb03": "ffi",
+        "\ufb04": "ffl",
+        "\ufb05": "st",
+        "\ufb06": "st",
+        # Fixed-width and no-break spaces (U+3000, the ideographic space, is kept).
+        **dict.fromkeys(
+            ["\u00a0", "\u1680", "\u202f", "\u205f"]
+            + [chr(c) for c in range(0x2000, 0x200B)],
+            " ",
+        ),
+        # Invisible: a soft hyphen, zero-width spaces, a byte-order mark.
+        **dict.fromkeys(["\u00ad", "\u200b", "\u2060", "\ufeff"], None),
+        **dict.fromkeys(["\r", "\v", "\f", "\x85", "\u2028", "\u2029"], "\n"),
+    }
+)
+_CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+_TRAILING_SPACE = re.compile(r"[ \t]+$", re.MULTILINE)
+_BLANK_LINES = re.compile(r"\n{3,}")
+
+
+def _normalised(text: str) -> str:
+    """The text as the model will read and quote it (see the module docstring)."""
+    text = unicodedata.normalize("NFC", text.replace("\r\n", "\n"))
+    text = _CONTROLS.sub("", text.translate(_CHARACTERS))
+    return _BLANK_LINES.sub("\n\n", _TRAILING_SPACE.sub("", text)).strip("\n")
+
+
+def _missing(what: str, package: str, kind: str) -> DocumentError:
+    """The error for a missing optional library: it names the extra to install."""
+    return DocumentError(
+        what,
+        f"reading {kind} files needs {package}, which is not installed.",
+        f"Install the documents extra: `{_INSTALL}`.",
+    )
+
+
+def _document(
+    what: str, text: str, file_format: FileFormat, **metadata: Any
+) -> Document:
+    """The loaded document, or an error when no text is left."""
+    if not text.strip():
+        raise DocumentError(what, "has no text.", _NOTHING_TO_EXTRACT)
+    markup = "text" if file_format == "pdf" else "markdown"
+    return Document(
+        page_content=text,
+        metadata={"source": what, "format": file_format, "markup": markup, **metadata},
+    )
+
+
+def _text_document(what: str) -> Document:
+    try:
+        text = read_text(what)
+    except TextEncodingError as error:
+        fix = error.fix
+        if "NUL bytes" in error.problem:
+            formats = ", ".join(sorted(SUPPORTED_SUFFIXES))
+            fix += f" Files ending in {formats} are loaded by format."
+        raise DocumentError(what, error.problem, fix) from None
+    if not text.strip():
+        raise DocumentError(what, "the file is empty.", _NOTHING_TO_EXTRACT)
+    return Document(page_content=text, metadata={"source": what})
+
+
+# --- PDF ------------------------------------------------------------------------------
+
+
+def _load_pdf(what: str, raw: bytes) -> Document:
+    try:
+        import pypdf  # noqa: PLC0415 - the documents extra
+    except ImportError:
+        raise _missing(what, "pypdf", "PDF") from None
+    qpdf = "e.g. `qpdf --decrypt --password=... in.pdf out.pdf`"
+    try:
+        reader = pypdf.PdfReader(io.BytesIO(raw))
+        # pypdf has tried the empty password, which owner-only protection uses.
+        locked = reader.is_encrypted and (
+            reader.decrypt("") == pypdf.PasswordType.NOT_DECRYPTED
+        )
+        pages = [] if locked else [_normalised(p.extract_text()) for p in reader.pages]
+    except pypdf.errors.DependencyError as error:
+        # AES needs `cryptography`, which the extra installs (`pypdf[crypto]`).
+        raise DocumentError(
+            what,
+            f"is encrypted with AES, which pypdf cannot decrypt here ({error}).",
+            f"Install the documents extra (`{_INSTALL}`), or decrypt it first "
+            f"({qpdf}).",
+        ) from None
+    except Exception as error:  # noqa: BLE001 - pypdf fails on damaged files in many ways
+        raise DocumentError(
+            what,
+            f"cannot be read as a PDF ({describe_error(error)}).",
+            "Check that it is a PDF and not damaged: open it in a PDF viewer, or "
+            "repair it (e.g. `qpdf in.pdf repaired.pdf`).",
+        ) from None
+    if locked:
+        raise DocumentError(
+            what,
+            "is encrypted: it opens only with a password.",
+            f"Decrypt it first ({qpdf}).",
+        )
+    if not pages:
+        raise DocumentError(what, "has no pages.", _NOTHING_TO_EXTRACT)
+    if not any(pages):
+        raise DocumentError(
+            what,
+            f"has no text layer (scanned?): none of its {len(pages)} page(s) holds "
+            "text.",
+            f"Run OCR on it first (e.g. `ocrmypdf {what} ocr.pdf`), then pass the "
+            "result.",
+        )
+    starts, offset = [], 0
+    for page in pages:
+        starts.append(offset)
+        offset += len(page) + len(PAGE_SEPARATOR)
+    return _document(
+        what,
+        PAGE_SEPARATOR.join(pages),
+        "pdf",
+        pages=len(pages),
+        page_starts=starts,
+    )
+
+
+# --- blocks of text, as HTML and DOCX files are rendered ---------------------------
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A paragraph, heading, list item or table row of the rendered text."""
+
+    text: str
+    group: int | None = None
+    """Blocks of one list or one table share a group and are one line each."""
+
+
+def _joined(blocks: Iterable[_Block]) -> str:
+    """The blocks, a blank line between them, a newline within a list or a table."""
+    out: list[str] = []
+    previous: _Block | None = None
+    for block in blocks:
+        if previous is not None:
+            same = block.group is not None and block.group == previous.group
+            out.append("\n" if same else "\n\n")
+        out.append(block.text)
+        previous = block
+    return "".join(out)
+
+
+def _heading(level: int, title: str) -> str:
+    """A Markdown ATX heading, the level kept to Markdown's six."""
+    return "#" * min(max(level, 1), 6) + " " + title
+
+
+# --- HTML -----------------------------------------------------------------------------
+
+# HTML collapses these; a no-break space next to them is one space in text too.
+_HTML_SPACE = re.compile(r"[ \t\n\r\f\u00a0]+")
+# Not <head> itself but what it holds: html.parser leaves a page's body inside an
+# unclosed <head>.
+_HIDDEN = frozenset(
+    "title meta link base script style noscript template svg canvas iframe object "  # noqa: SIM905
+    "embed audio video select datalist".split()
+)
+_HEADINGS = {f"h{n}": n for n in range(1, 7)}
+_BLOCK_TAGS = frozenset(
+    "address article aside blockquote body caption center dd details dialog div dl "  # noqa: SIM905
+    "dt fieldset figcaption figure footer form header hgroup hr html legend main menu "
+    "nav p search section summary".split()
+)
+_BREAKING = (
+    _BLOCK_TAGS
+    | set(_HEADINGS)
+    | set(
+        "br caption li ol pre table tbody td tfoot th thead tr ul".split()  # noqa: SIM905
+    )
+)
+"""Elements that end a line of text where they start and end: not inline."""
+_DISPLAY_NONE = re.compile(r"display\s*:\s*none", re.IGNORECASE)
+_BR = object()
+"""A line break in the inline text being gathered."""
+
+
+def _load_html(what: str, raw: bytes) -> Document:
+    try:
+        import bs4  # noqa: PLC0415 - the documents extra
+    except ImportError:
+        raise _missing(what, "beautifulsoup4", "HTML") from None
+    soup = bs4.BeautifulSoup(raw, "html.parser", from_encoding=_html_encoding(raw))
+    renderer = _HTMLText(bs4.element.Tag, bs4.element.NavigableString)
+    text = _normalised(_joined(renderer.render(soup)))
+    if not text.strip():
+        raise DocumentError(what, "has no visible text.", _NOTHING_TO_EXTRACT)
+    return _document(what, text, "html")
+
+
+def _html_encoding(raw: bytes) -> str | None:
+    """UTF-8 for an HTML file that declares no encoding and is valid UTF-8.
+
+    Otherwise None: Beautiful Soup decodes by the byte-order mark, the declared
+    charset (`<meta charset>`), or else by sniffing, which guesses wrong more often
+    on short texts than valid UTF-8 is not UTF-8.
+    """
+    from bs4.dammit import EncodingDetector  # noqa: PLC0415 - the documents extra
+
+    if (
+        EncodingDetector.strip_byte_order_mark(raw)[1] is not None
+        or EncodingDetector.find_declared_encoding(raw, is_html=True) is not None
+    ):
+        return None
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return "utf-8"
+
+
+class _HTMLText:
+    """The visible text of an HTML tree as blocks, headings written as Markdown."""
+
+    def __init__(self, tag: type[Tag], string: type[NavigableString]) -> None:
+        self.tag = tag
+        self.string = string
+        self.blocks: list[_Block] = []
+        self.inline: list[object] = []
+        self.groups = 0
+
+    def render(self, root: Tag) -> list[_Block]:
+        self._children(root)
+        self._flush()
+        return self.blocks
+
+    def _flush(self, prefix: str = "", group: int | None = None) -> None:
+        """The inline text gathered so far as a block (none if it is blank)."""
+        lines: list[str] = []
+        current: list[str] = []
+        for piece in [*self.inline, _BR]:
+            if piece is _BR:
+                line = _HTML_SPACE.sub(" ", "".join(current)).strip()
+                if line:
+                    lines.append(line)
+                current = []
+            else:
+                current.append(str(piece))
+        self.inline = []
+        if lines:
+            self.blocks.append(_Block(prefix + "\n".join(lines), group))
+
+    def _hidden(self, tag: Tag) -> bool:
+        return (
+            tag.name in _HIDDEN
+            or tag.has_attr("hidden")
+            or bool(_DISPLAY_NONE.search(str(tag.get("style") or "")))
+        )
+
+    def _text(self, tag: Tag) -> str:
+        """The visible text inside `tag` as one line; blocks in it become spaces."""
+        return _HTML_SPACE.sub(" ", "".join(self._pieces(tag))).strip()
+
+    def _pieces(self, tag: Tag) -> Iterator[str]:
+        for child in tag.children:
+            if isinstance(child, self.tag):
+                yield from self._inline_text(child)
+            elif type(child) is self.string:  # not a comment, a doctype, CDATA
+                yield str(child)
+
+    def _inline_text(self, tag: Tag) -> Iterator[str]:
+        """A child's visible text, set apart by spaces if it is a block."""
+        if self._hidden(tag):
+            return
+        space = " " if tag.name in _BREAKING else ""
+        yield space
+        yield from self._pieces(tag)
+        yield space
+
+    def _children(self, tag: Tag) -> None:
+        for child in tag.children:
+            if isinstance(child, self.tag):
+                self._element(child)
+            elif type(child) is self.string:
+                self.inline.append(str(child))
+
+    def _element(self, tag: Tag) -> None:
+        name = tag.name
+        if self._hidden(tag):
+            return
+        if name == "br":
+            self.inline.append(_BR)
+        elif name in _HEADINGS:
+            self._flush()
+            if title := self._text(tag):
+                self.blocks.append(_Block(_heading(_HEADINGS[name], title)))
+        elif name in {"ul", "ol"}:
+            self._flush()
+            self.groups += 1
+            self._list(tag, depth=0, group=self.groups)
+        elif name == "table":
+            self._flush()
+            self._table(tag)
+        elif name == "pre":
+            self._flush()
+            self._pre(tag)
+        elif name in _BLOCK_TAGS or name == "li":
+            self._flush()
+            self._children(tag)
+            self._flush()
+        else:
+            self._children(tag)
+
+    def _list(self, tag: Tag, depth: int, group: int) -> None:
+        start = str(tag.get("start") or "1")
+        number = int(start) if start.isdigit() else 1
+        for item in tag.find_all("li", recursive=False):
+            if self._hidden(item):
+                continue
+            marker = f"{number}. " if tag.name == "ol" else "- "
+            number += 1
+            prefix = "  " * depth + marker
+            for child in item.children:
+                if not isinstance(child, self.tag):
+                    if type(child) is self.string:
+                        self.inline.append(str(child))
+                elif child.name in {"ul", "ol"}:
+                    self._flush(prefix, group)
+                    # Text after a sub-list continues the item, under its text.
+                    prefix = "  " * depth + " " * len(marker)
+                    self._list(child, depth + 1, group)
+                else:
+                    self.inline += self._inline_text(child)
+            self._flush(prefix, group)
+
+    def _table(self, table: Tag) -> None:
+        self.groups += 1
+        caption = table.find("caption")
+        if isinstance(caption, self.tag) and (text := self._text(caption)):
+            self.blocks.append(_Block(text))
+        for row in table.find_all("tr"):
+            if row.find_parent("table") is not table or self._hidden(row):
+                continue  # a row of a nested table: in its cell's text
+            cells = [
+                self._text(cell)
+                for cell in row.find_all(["td", "th"], recursive=False)
+                if not self._hidden(cell)
+            ]
+            if any(cells):
+                self.blocks.append(_Block("\t".join(cells), self.groups))
+
+    def _pre(self, tag: Tag) -> None:
+        code = tag.get_text().strip("\n").rstrip()
+        if not code.strip():
+            return
+        # A fence longer than any run of backticks in the code, as Markdown needs.
+        runs = [len(run) for run in re.findall(r"`+", code)]
+        fence = "`" * max(3, max(runs, default=0) + 1)
+        self.blocks.append(_Block(f"{fence}\n{code}\n{fence}"))
+
+
+# --- DOCX -----------------------------------------------------------------------------
+
+_OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
+_HEADING_STYLE = re.compile(r"heading\s*([1-9])", re.IGNORECASE)
+
+
+def _load_docx(what: str, raw: bytes) -> Document:
+    try:
+        import docx  # noqa: PLC0415 - the documents extra
+    except ImportError:
+        raise _missing(what, "python-docx", "DOCX") from None
+    if raw.startswith(_OLE_MAGIC):
+        # Word writes a password-protected file as an OLE container, as it writes .doc.
+        encrypted = "EncryptedPackage".encode("utf-16-le") in raw
+        problem = (
+            "is encrypted: it opens only with a password."
+            if encrypted
+            else "is a Word 97-2003 document (.doc), not a .docx file."
+        )
+        fix = (
+            "Save it without a password first (Word: File > Info > Protect Document)."
+            if encrypted
+            else "Save it as .docx (Word, or `libreoffice --convert-to docx`) first."
+        )
+        raise DocumentError(what, problem, fix)
+    try:
+        document = docx.Document(io.BytesIO(raw))
+        blocks = list(_docx_blocks(document.iter_inner_content()))
+    except Exception as error:  # noqa: BLE001 - python-docx fails on damaged files in many ways
+        raise DocumentError(
+            what,
+            f"cannot be read as a DOCX file ({describe_error(error)}).",
+            "Check that it is a Word .docx document and not damaged: open it in Word "
+            "or LibreOffice and save it again.",
+        ) from None
+    return _document(what, _normalised(_joined(blocks)), "docx")
+
+
+def _docx_blocks(content: Iterator[Paragraph | Table]) -> Iterator[_Block]:
+    from docx.table import Table  # noqa: PLC0415 - the documents extra
+
+    group = 0
+    in_list = False
+    for paragraph in content:
+        if isinstance(paragraph, Table):
+            group += 1
+            yield from _docx_rows(paragraph, group)
+            in_list = False
+            continue
+        text = paragraph.text.strip()
+        if not text:
+            continue
+        style = _style_names(paragraph)
+        level = _heading_level(style)
+        depth = _list_depth(paragraph, style)
+        if level is not None:
+            yield _Block(_heading(level, " ".join(text.split())))
+        elif depth is not None:
+            if not in_list:
+                group += 1
+            yield _Block("  " * depth + "- " + text, group)
+        else:
+            yield _Block(text)
+        in_list = depth is not None and level is None
+
+
+def _docx_rows(table: Table, group: int) -> Iterator[_Block]:
+    for row in table.rows:
+        cells, seen = [], set()
+        for cell in row.cells:
+            if id(cell._tc) in seen:  # noqa: SLF001 - merged cells repeat the same element
+                continue
+            seen.add(id(cell._tc))  # noqa: SLF001
+            cells.append(" ".join(cell.text.split()))
+        if any(cells):
+            yield _Block("\t".join(cells), group)
+
+
+def _style_names(paragraph: Paragraph) -> list[str]:
+    """The paragraph's style name and those it is based on, nearest first."""
+    names: list[str] = []
+    style = paragraph.style
+    while style is not None and len(names) < 8:  # noqa: PLR2004 - a cycle guard
+        names.append(style.name or "")
+        style = style.base_style
+    return names
+
+
+def _heading_level(styles: Sequence[str]) -> int | None:
+    for name in styles:
+        if name.lower() == "title":
+            return 1
+        if found := _HEADING_STYLE.fullmatch(name.strip()):
+            return int(found.group(1))
+    return None
+
+
+def _list_depth(paragraph: Paragraph, styles: Sequence[str]) -> int | None:
+    """The list level of a list item (0 outermost), None for other paragraphs."""
+    # python-docx has no public API for numbering: it is the paragraph's w:numPr,
+    # where list 0 means "not in a list".
+    element = paragraph._p  # noqa: SLF001
+    if element.xpath("./w:pPr/w:numPr/w:numId[@w:val='0']"):
+        return None
+    if element.xpath("./w:pPr/w:numPr"):
+        level = element.xpath("./w:pPr/w:numPr/w:ilvl/@w:val")
+        return int(level[0]) if level and str(level[0]).isdigit() else 0
+    if any(name.lower().startswith("list ") for name in styles):
+        return 0
+    return None
+
+
+_LOADERS: dict[FileFormat, Callable[[str, bytes], Document]] = {
+    "pdf": _load_pdf,
+    "html": _load_html,
+    "docx": _load_docx,
+}
