@@ -111,6 +111,9 @@ class SchemaField(BaseModel):
                 "another name"
             )
             raise ValueError(msg)
+        if hasattr(BaseModel, value):  # phase 3 reads answers with a pydantic model
+            msg = f"field name {value!r} is taken by pydantic; choose another name"
+            raise ValueError(msg)
         return value
 
     @field_validator("description")
@@ -182,6 +185,17 @@ class RuleSchema(BaseModel):
         """The fields only the executor gets (as the rule's action), in order."""
         return tuple(f for f in self.fields if f.side == "executor")
 
+    def built_in(self) -> RuleSchema | None:
+        """The built-in schema this one is, by name and fields (their sides).
+
+        Descriptions are not compared: a rulebook saved in an earlier wording of
+        `nba` is still an `nba` rulebook.
+        """
+        known = BUILT_IN_SCHEMAS.get(self.name)
+        if known is None or _shape(known) != _shape(self):
+            return None
+        return known
+
     def digest(self) -> str:
         """A hash of the whole schema: what extraction and judging depend on."""
         payload = json.dumps(self.model_dump(mode="json"), sort_keys=True)
@@ -209,7 +223,13 @@ class RuleSchema(BaseModel):
             values["condition"] = written.get("applies_when") or _labelled(
                 judged, written, "; "
             )
-        values["action"] = written.get("action") or _labelled(acted, written, "\n")
+        # The executor gets every executor-side field: `action` first, as written.
+        others = [f for f in acted if f.name != "action"]
+        values["action"] = "\n".join(
+            part
+            for part in (written.get("action"), _labelled(others, written, "\n"))
+            if part
+        )
         extra = {
             f.name: written[f.name] for f in judged if f.name not in _RULE_ATTRIBUTES
         }
@@ -260,16 +280,30 @@ class RuleSchema(BaseModel):
         ):
             raise _error(where, "has no `properties` object naming the rule's fields.")
         required = schema.get("required", [])
+        criteria = schema.get("x-tag-judge-criteria") or []
+        if not isinstance(required, list) or not all(
+            isinstance(r, str) for r in required
+        ):
+            raise _error(where, "`required` must be a list of property names.")
+        if unknown := sorted(set(required) - set(schema["properties"])):
+            raise _error(where, f"`required` names no property {unknown}.")
+        if not isinstance(criteria, list) or not all(
+            isinstance(c, str) for c in criteria
+        ):
+            raise _error(
+                where, "`x-tag-judge-criteria` must be a list of sentences (strings)."
+            )
         fields = []
         for field_name, spec in schema["properties"].items():
             if not isinstance(spec, Mapping):
                 raise _error(where, f"property {field_name!r} is not an object.")
-            kinds = spec.get("type", spec.get("anyOf", "string"))
+            kinds = spec.get("type", spec.get("anyOf"))
             if not _textual(kinds):
                 raise _error(
                     where,
-                    f"property {field_name!r} is not a string field (type "
-                    f"{json.dumps(kinds)}): rule fields are text.",
+                    f"property {field_name!r} is not a string field ("
+                    + ("no type" if kinds is None else f"type {json.dumps(kinds)}")
+                    + '): rule fields are text ({"type": "string"}).',
                 )
             fields.append(
                 {
@@ -285,7 +319,7 @@ class RuleSchema(BaseModel):
                     "name": name or str(schema.get("title") or "custom"),
                     "description": str(schema.get("description") or ""),
                     "fields": fields,
-                    "judge_criteria": tuple(schema.get("x-tag-judge-criteria") or ()),
+                    "judge_criteria": tuple(criteria),
                 }
             )
         except ValidationError as exc:
@@ -318,6 +352,10 @@ class RuleSchema(BaseModel):
                 f"is not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).",
             ) from None
         return cls.from_json_schema(data, name=None, where=where)
+
+
+def _shape(schema: RuleSchema) -> list[tuple[str, Side, bool]]:
+    return [(f.name, f.side, f.required) for f in schema.fields]
 
 
 def _textual(kinds: object) -> bool:
@@ -452,8 +490,10 @@ def rule_schema(spec: RuleSchema | str | os.PathLike[str]) -> RuleSchema:
     """
     if isinstance(spec, RuleSchema):
         return spec
-    if str(spec) in BUILT_IN_SCHEMAS:
-        return BUILT_IN_SCHEMAS[str(spec)]
+    if not str(spec).strip():
+        raise _error(repr(str(spec)), "is empty.", _FILE_FIX)
+    if str(spec).lower() in BUILT_IN_SCHEMAS and not Path(spec).is_file():
+        return BUILT_IN_SCHEMAS[str(spec).lower()]
     if (
         isinstance(spec, str)
         and not spec.lower().endswith(".json")

@@ -22,14 +22,16 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
 from langchain_tag._text import TextEncodingError, decode_text
 from langchain_tag.errors import TAGError
-from langchain_tag.rule_schemas import RuleSchema
+from langchain_tag.rule_schemas import BUILT_IN_SCHEMAS, RuleSchema
 
 __all__ = [
     "FORMAT_VERSION",
@@ -119,6 +121,10 @@ class RuleLineage(BaseModel):
         default=(), description="Pages (1-based) of a paged source the rule came from."
     )
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_empty(handler(self), "pages")
+
 
 class RuleRelation(BaseModel):
     """A phase-4 relation from this rule to another rule of the rulebook."""
@@ -164,6 +170,10 @@ class Rule(BaseModel):
         default_factory=dict, description="Free-form user metadata, usable in filters."
     )
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_empty(handler(self), "fields")
+
     @field_validator("rule_id", "name", "condition", "action")
     @classmethod
     def _not_blank(cls, value: str) -> str:
@@ -180,16 +190,11 @@ class Rule(BaseModel):
     def content_hash(self) -> str:
         """A stable hash of every field, for change detection and idempotent sync.
 
-        Fields added after the first release count only when set, so a rule's hash
-        (which stored prefilters and vector-store syncs key on) does not change on
-        upgrade.
+        Fields added after the first release are left out when empty (see
+        `_without_empty`), so the hash stored prefilters and vector-store syncs key
+        on does not change on upgrade.
         """
-        data = self.model_dump(mode="json")
-        if not data["fields"]:
-            del data["fields"]
-        if not data["lineage"]["pages"]:
-            del data["lineage"]["pages"]
-        payload = json.dumps(data, sort_keys=True)
+        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
@@ -233,6 +238,16 @@ class Rulebook(BaseModel):
         description="The schema the rules were extracted in; None: the condition "
         "schema (condition and action).",
     )
+
+    @field_validator("rule_schema", mode="before")
+    @classmethod
+    def _schema_by_name(cls, value: object) -> object:
+        # A built-in schema may be named, as `tag extract --schema` names it.
+        return BUILT_IN_SCHEMAS.get(value, value) if isinstance(value, str) else value
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_empty(handler(self), "rule_schema")
 
     @model_validator(mode="after")
     def _consistent(self) -> Rulebook:
@@ -480,6 +495,17 @@ def _describe_validation_error(exc: ValidationError, data: Mapping[str, Any]) ->
     hidden = len(problems) - len(shown)
     more = f" (and {hidden} more)" if hidden else ""
     return "invalid " + "; ".join(shown) + more + "."
+
+
+def _without_empty(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """`data` without `key` when empty: a field added after the first release.
+
+    Left out when unused, files read by earlier releases stay readable and rule
+    hashes stay the same.
+    """
+    if key in data and not data[key]:
+        del data[key]
+    return data
 
 
 def _check_consistency(rules: Sequence[Rule]) -> None:

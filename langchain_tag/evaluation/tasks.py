@@ -253,8 +253,10 @@ class EvalTask(ABC):
         """
         changed = copy.copy(self)
         changed.rulebook = rulebook
-        constrained = any(map(_has_constraints, rulebook.rules))
-        if constrained:
+        own_schema = (
+            rulebook.rule_schema is not None and rulebook.rule_schema.built_in() is None
+        )
+        if not own_schema and any(map(_has_constraints, rulebook.rules)):
             changed.profile = self.constraint_profile
         else:
             changed.profile = profile_for(rulebook)

@@ -16,6 +16,10 @@ after: each rule's `source_text` is then a substring of it at its offsets.
   by tabs), HTML `<pre>` blocks fenced. `metadata["markup"]` is "markdown".
 - Any other file: UTF-8 text read as it is, as before (`read_text`), so a text
   file's offsets are the file's own; its markup is detected when it is sectioned.
+  A PDF or DOCX file by its content (magic bytes) but not by its name is refused.
+- A `Document` loaded elsewhere is taken as it is. One of LangChain's
+  `PyPDFLoader` (a page, `metadata["page"]` 0-based) has its page number in its
+  rules' lineage too (`page_starts_of`).
 
 The text of PDF, HTML and DOCX files is normalised: Unicode NFC, Latin ligatures
 (U+FB00-FB06) spelled out, no-break and other fixed-width spaces made spaces, soft
@@ -43,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from langchain_core.documents import Document
 
-from langchain_tag._text import TextEncodingError, describe_error, read_text
+from langchain_tag._text import TextEncodingError, decode_text, describe_error
 from langchain_tag.errors import TAGError
 from langchain_tag.extraction.sectioning import (
     DocumentFormat,
@@ -65,6 +69,7 @@ __all__ = [
     "document_sections",
     "load_document",
     "load_documents",
+    "page_starts_of",
     "pages_of",
     "to_documents",
 ]
@@ -152,17 +157,37 @@ def to_documents(items: Iterable[DocumentLike]) -> list[Document]:
     (`pathlib.Path`, any `os.PathLike`) is loaded by `load_document`.
 
     Raises:
-        DocumentError: A path's file cannot be loaded (see `load_document`).
+        DocumentError: A path's file cannot be loaded (see `load_document`), or a
+            str of one line names an existing file: extracting rules from a file
+            name would pay every phase for nothing, so it is refused.
         OSError: A path's file cannot be read.
     """
-    return [
-        item
-        if isinstance(item, Document)
-        else load_document(item)
-        if isinstance(item, os.PathLike)
-        else Document(page_content=item)
-        for item in items
-    ]
+    documents = []
+    for item in items:
+        if isinstance(item, Document):
+            documents.append(item)
+        elif isinstance(item, os.PathLike):
+            documents.append(load_document(item))
+        else:
+            _refuse_a_file_name(item)
+            documents.append(Document(page_content=item))
+    return documents
+
+
+def _refuse_a_file_name(text: str) -> None:
+    """Raise if `text`, one line, is the path of an existing file."""
+    if "\n" in text or not text.strip():
+        return
+    try:
+        is_file = Path(text).is_file()
+    except (OSError, ValueError):  # too long for a path, or a NUL in it
+        return
+    if is_file:
+        raise DocumentError(
+            repr(text),
+            "names a file, but a str is the text of a document.",
+            f"Pass Path({text!r}) to load the file.",
+        )
 
 
 def document_sections(
@@ -188,8 +213,30 @@ def document_sections(
         document_id,
         fmt=markup,
         max_tokens=max_tokens,
-        breaks=document.metadata.get("page_starts") or (),
+        breaks=page_starts_of(document) or (),
     )
+
+
+def page_starts_of(document: Document) -> list[int] | None:
+    """Where each page of the document starts in its text, as `pages_of` takes it.
+
+    A loaded PDF has them in `metadata["page_starts"]`. A page loaded by LangChain's
+    `PyPDFLoader` (`metadata["page"]`, 0-based) is page `page + 1` of its file, all
+    of it: pages before it start, empty, at 0, so `pages_of` gives `(page + 1,)`.
+
+    Args:
+        document: The document.
+
+    Returns:
+        The page starts (the first is 0), or None for a document without pages.
+    """
+    starts = document.metadata.get("page_starts")
+    if starts:
+        return list(starts)
+    page = document.metadata.get("page")
+    if isinstance(page, int) and not isinstance(page, bool) and page >= 0:
+        return [0] * (page + 1)
+    return None
 
 
 def pages_of(page_starts: Sequence[int], start: int, end: int) -> tuple[int, ...]:
@@ -271,9 +318,31 @@ def _document(
     )
 
 
+_PDF_MAGIC = b"%PDF-"
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
 def _text_document(what: str) -> Document:
+    raw = Path(what).read_bytes()
+    # A PDF or DOCX file misnamed: read as text it is either refused with the
+    # wrong advice (not UTF-8) or, a PDF's syntax being ASCII, extracted from.
+    kind = (
+        "a PDF"
+        if raw.startswith(_PDF_MAGIC)
+        else "a DOCX file"
+        if raw.startswith(_ZIP_MAGIC) and b"word/" in raw
+        else None
+    )
+    if kind is not None:
+        suffix = ".pdf" if kind == "a PDF" else ".docx"
+        raise DocumentError(
+            what,
+            f"looks like {kind}, but its name does not end in {suffix}, so it would "
+            "be read as text.",
+            f"Name it {suffix} (or pass it as a {suffix} path).",
+        )
     try:
-        text = read_text(what)
+        text = decode_text(raw, what=what)
     except TextEncodingError as error:
         fix = error.fix
         if "NUL bytes" in error.problem:
@@ -418,11 +487,13 @@ def _load_html(what: str, raw: bytes) -> Document:
 
 
 def _html_encoding(raw: bytes) -> str | None:
-    """UTF-8 for an HTML file that declares no encoding and is valid UTF-8.
+    """The encoding of an HTML file that declares none: UTF-8, else windows-1252.
 
-    Otherwise None: Beautiful Soup decodes by the byte-order mark, the declared
-    charset (`<meta charset>`), or else by sniffing, which guesses wrong more often
-    on short texts than valid UTF-8 is not UTF-8.
+    None when it declares one (a byte-order mark, `<meta charset>`): Beautiful Soup
+    decodes by it. Otherwise Beautiful Soup would guess from the bytes, which goes
+    wrong on short texts (cp1252 "être" read as "ętre"); valid UTF-8 is UTF-8, and
+    other bytes are windows-1252, the default the HTML standard gives pages that
+    declare no encoding.
     """
     from bs4.dammit import EncodingDetector  # noqa: PLC0415 - the documents extra
 
@@ -434,7 +505,7 @@ def _html_encoding(raw: bytes) -> str | None:
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError:
-        return None
+        return "windows-1252"
     return "utf-8"
 
 

@@ -17,12 +17,15 @@ or about 4 characters a token). Per phase:
 - Phase 3 (rules): estimated. A call for every `units_per_call` units of a
   section, rendered with the sentences as units; a rule a unit, answered in the
   rule schema's fields, each as long as its sentence.
-- Phase 4 (relations): a bound. The rules' tags are unknown before phase 3, so any
-  two of the R rules may share one: at most min(`max_pairs`, R(R-1)/2) pairs are
-  chosen, in as many calls as if all R shared one tag (`pairs.one_tag_calls`),
-  each priced as a call of the `rules_per_comparison` longest rules.
-- Recovery (phase 5's re-extraction): a bound. Every span left uncovered and sent
-  back through phase 3 once, one call a section.
+- Phase 4 (relations): estimated. The rules' tags are unknown before phase 3, so
+  any two of the R rules may share one: at most min(`max_pairs`, R(R-1)/2) pairs
+  are chosen, in as many calls as if all R shared one tag (`pairs.one_tag_calls`),
+  each priced as a call of the `rules_per_comparison` longest rules. Not a bound:
+  rules spread over many small tags make more, smaller calls, at most
+  `pairs.comparison_calls_bound` (3 x the pairs); the row says so with its figure.
+- Recovery (phase 5's re-extraction): estimated, from the spans estimated for
+  phase 1, every one left uncovered and sent back through phase 3 once, one call a
+  section with spans. The run's calls are at most one a section.
 
 Output tokens are estimated: the answer the prompt asks for, written for the
 sentences found (phase 4: one relation a call). A skipped phase costs nothing and
@@ -31,13 +34,15 @@ units as rules), so what follows it is worked out from those; with phase 3 skipp
 the rules are known, and phase 4's calls are planned as the run plans them.
 
 Cached input tokens are estimated for phases 1-3, under a model of the provider's
-prompt cache (`usage.PromptCaching`), none for the bounds. Not counted: retries
+prompt cache (`usage.PromptCaching`), none for the calls priced as repeats of
+one (phase 4 as if of one tag, recovery). Not counted: retries
 after errors, and answers that could not be read, asked again by a re-run.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -59,7 +64,11 @@ from langchain_tag.extraction.graph import (
     ExtractionSettings,
     source_documents,
 )
-from langchain_tag.extraction.pairs import one_tag_calls, plan_comparisons
+from langchain_tag.extraction.pairs import (
+    comparison_calls_bound,
+    one_tag_calls,
+    plan_comparisons,
+)
 from langchain_tag.extraction.phases import AtomicRecord, DraftRule, SpanRecord
 from langchain_tag.extraction.run import _as_documents
 from langchain_tag.extraction.sectioning import Section
@@ -102,9 +111,9 @@ _KEEP_PROMPTS = 10_000
 OPENAI_CACHING = PromptCaching()
 """The prompt cache assumed by default: OpenAI's automatic caching."""
 
-Basis = Literal["exact", "estimated", "bound", "skipped"]
+Basis = Literal["exact", "estimated", "skipped"]
 """How a phase's calls and input tokens are known (output tokens are estimated)."""
-_MARKS: dict[Basis, str] = {"exact": "", "estimated": "~", "bound": "≤", "skipped": ""}
+_MARKS: dict[Basis, str] = {"exact": "", "estimated": "~", "skipped": ""}
 
 
 class PhaseEstimate(BaseModel):
@@ -117,8 +126,8 @@ class PhaseEstimate(BaseModel):
     )
     output_tokens: int = 0
     basis: Basis = Field(
-        description="Calls and input tokens: exact (rendered prompts), estimated "
-        "(prompts rendered from the sentences found), or an upper bound."
+        description="Calls and input tokens: exact (rendered prompts), or "
+        "estimated (from the sentences found; `how` says from what)."
     )
     how: str = Field(description="How the figures were worked out, in a sentence.")
 
@@ -146,7 +155,10 @@ class ExtractionEstimate(BaseModel):
     rules: int = Field(description="Rules entering phase 4, as estimated.")
     rule_pairs: int = Field(description="R(R-1)/2: the most pairs sharing a tag.")
     max_pairs: int | None = Field(description="The cap on phase 4's pairs.")
-    pairs: int = Field(description="At most this many pairs chosen for phase 4.")
+    pairs: int = Field(
+        description="Pairs chosen for phase 4 if any two rules shared a tag: "
+        "min(max_pairs, rule_pairs), the most there can be."
+    )
     phases: dict[str, PhaseEstimate] = Field(
         description="By the report's rows: spans, atomics, rules, relations, recovery."
     )
@@ -186,11 +198,10 @@ class ExtractionEstimate(BaseModel):
 
     def _total_mark(self) -> str:
         bases = {p.basis for p in self.phases.values() if p.calls}
-        return "≤" if "bound" in bases else "~" if "estimated" in bases else ""
+        return "~" if "estimated" in bases else ""
 
     def _row(self, name: str, usage: TokenUsage, mark: str) -> str:
-        # Output tokens are always estimated; a bound's are bounded.
-        out = "" if not usage.output_tokens else "≤" if mark == "≤" else "~"
+        out = "~" if usage.output_tokens else ""  # always estimated
         price = None if self.prices is None else self.prices.cost(usage)
         return (
             f"{name:<11}{mark + f'{usage.calls:,}':>9}"
@@ -201,7 +212,7 @@ class ExtractionEstimate(BaseModel):
 
     def _notes(self) -> list[str]:
         counted = (
-            "≤ an upper bound, ~ an estimate, no mark exact (every call succeeding "
+            "~ an estimate, no mark exact (every call succeeding "
             f"at its first attempt). Tokens: {self.token_counter}, plus "
             f"{MESSAGE_OVERHEAD} a message and {REPLY_OVERHEAD} a request."
         )
@@ -211,7 +222,7 @@ class ExtractionEstimate(BaseModel):
             else "Cached input: rendered prompts sharing a prefix of "
             f"{self.caching.min_tokens:,}+ tokens with an earlier one (in "
             f"{self.caching.block_tokens}-token steps, as OpenAI caches them); none "
-            "for the bounds."
+            "for calls priced as repeats of one."
         )
         if self.prices is None:
             price = (
@@ -224,7 +235,7 @@ class ExtractionEstimate(BaseModel):
                 f"Price: {mark}{_usd(self.dollars())} at list prices, "
                 f"{mark}{_usd(self.dollars(batch=True))} at "
                 f"{self.prices.batch_discount:.0%} off (flex processing), with "
-                "the phases' bounds and estimates as above."
+                "the phases' estimates as above."
             )
         return [counted, cached, price]
 
@@ -250,17 +261,6 @@ def _sentences(text: str) -> list[tuple[int, int]]:
     return [(a, b) for a, b in found if b > a]
 
 
-def _span(section: Section, number: int, start: int, end: int) -> SpanRecord:
-    return SpanRecord(
-        span_id=f"{section.section_id}/S-{number:03d}",
-        section_id=section.section_id,
-        document_id=section.document_id,
-        text=section.text[start:end],
-        start=section.start + start,
-        end=section.start + end,
-    )
-
-
 def _normative_spans(section: Section) -> list[SpanRecord]:
     """The section's sentences with a cue word, as phase 1 would return them."""
     found = [
@@ -268,7 +268,7 @@ def _normative_spans(section: Section) -> list[SpanRecord]:
         for a, b in _sentences(section.text)
         if NORMATIVE_CUES.search(section.text, a, b)
     ]
-    return [_span(section, n, a, b) for n, (a, b) in enumerate(found, 1)]
+    return [phases.span_record(section, n, a, b) for n, (a, b) in enumerate(found, 1)]
 
 
 # --- the answers, as the prompts ask for them -----------------------------------------
@@ -378,8 +378,10 @@ class _Meter:
             output_tokens=self.counter.count(answer),
         )
 
-    def bound(self, calls: int, messages: Sequence[BaseMessage], answer: str) -> None:
-        """`calls` requests, each at most `messages` and `answer` (none cached)."""
+    def repeated(
+        self, calls: int, messages: Sequence[BaseMessage], answer: str
+    ) -> None:
+        """`calls` requests, each priced as `messages` and `answer` (none cached)."""
         self.usage += TokenUsage(
             calls=calls,
             input_tokens=calls * self.counter.messages(messages),
@@ -514,24 +516,34 @@ class _Walk:
         if calls:
             # The longest rules make the costliest call.
             longest = sorted(drafts, key=_listed_length, reverse=True)[:limit]
-            self.meter.bound(
+            self.meter.repeated(
                 calls,
                 phases.relation_messages(longest, self.domain),
                 _relations_answer(longest),
             )
         capped = cap is not None and possible > cap
-        self.found["relations"] = self.meter.phase(
-            "bound",
-            f"at most {chosen:,} pairs: "
-            + (
-                f"the {cap:,} most similar (--max-pairs {cap}) of at most "
-                if capped
-                else ""
+        pairs = f"up to {possible:,} pairs"
+        if capped:
+            pairs = (
+                f"the {cap:,} most similar (max_pairs={cap}, --max-pairs) of {pairs}"
             )
-            + f"{possible:,}, the pairs of the {rules:,} rules assumed (tags are "
-            "unknown before phase 3, so any two may share one); calls as if all "
-            f"shared one tag, each with the {min(limit, rules)} longest rules "
-            "(rules_per_comparison); one relation a call.",
+        over_cap = (
+            f"; over the cap, at most {cap:,}/{math.ceil((max(limit, 2) - 1) / 2)} "
+            "plus one per tag holding a chosen pair"
+            if capped
+            else ""
+        )
+        self.found["relations"] = self.meter.phase(
+            "estimated",
+            f"{pairs}, those of the {rules:,} rules assumed. Tags are unknown before "
+            "phase 3: the calls are those if all the rules shared one tag, each with "
+            f"the {min(limit, rules)} longest rules (rules_per_comparison); one "
+            "relation a call. Rules spread over many small tags make more, smaller "
+            f"calls: at most {comparison_calls_bound(possible, cap):,} calls "
+            f"({phases.MAX_TAGS} x {chosen:,} pairs: one call at most per pair per "
+            f"tag it shares, and a rule has {phases.MAX_TAGS} tags at most"
+            f"{over_cap}), none of more "
+            "rules than the call priced here.",
         )
         return possible, chosen
 
@@ -544,15 +556,18 @@ class _Walk:
         schema = self.settings.schema
         for spans in self.spans:
             units = [phases.atomic_from_span(s, n) for n, s in enumerate(spans, 1)]
-            self.meter.bound(
+            self.meter.repeated(
                 1,
                 phases.rule_messages(units, self.domain, schema),
                 _rules_answer(units, schema),
             )
         self.found["recovery"] = self.meter.phase(
-            "bound",
-            "every span left uncovered, sent back through phase 3 once: one call a "
-            "section with spans.",
+            "estimated",
+            f"as if all {sum(map(len, self.spans)):,} spans estimated for phase 1 "
+            "were left uncovered and sent back through phase 3 once, one call a "
+            f"section with spans ({len(self.spans):,}); the run's depend on the "
+            "spans its phase 1 finds: at most one call a section "
+            f"({len(self.sections):,}).",
         )
 
 

@@ -46,7 +46,11 @@ from typing_extensions import NotRequired, TypedDict
 from langchain_tag._graph import as_documents, coerce_context
 from langchain_tag._text import batches, slug
 from langchain_tag.extraction import phases, prompts
-from langchain_tag.extraction.documents import document_sections, pages_of
+from langchain_tag.extraction.documents import (
+    document_sections,
+    page_starts_of,
+    pages_of,
+)
 from langchain_tag.extraction.pairs import (
     DEFAULT_MAX_PAIRS,
     ComparisonPlan,
@@ -608,7 +612,7 @@ def plan_relations(state: ExtractionState) -> dict[str, Any]:
         state,
         _RULES,
         lambda raw, units, tally: phases.read_rules(
-            raw, units, spans, tally, _settings().schema
+            raw, units, spans, tally, settings.schema
         ),
         lambda units: [
             phases.draft_from_atomic(a, spans.get(a.span_id)) for a in units
@@ -936,11 +940,11 @@ def finalize(state: ExtractionState, config: RunnableConfig) -> dict[str, Any]:
         still_uncovered = _uncovered(rules, spans, settings.min_coverage_overlap)
     ids = _rule_ids(rules)
     page_starts = {
-        document_id: doc.metadata["page_starts"]
+        document_id: starts
         for document_id, doc in zip(
             state["document_ids"], state["documents"], strict=True
         )
-        if doc.metadata.get("page_starts")
+        if (starts := page_starts_of(doc))
     }
     final = [_to_rule(rule, ids, by_span, page_starts) for rule in rules]
     report = _report(

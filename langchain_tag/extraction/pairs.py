@@ -40,12 +40,13 @@ from rapidfuzz import process
 from rapidfuzz.distance import Indel
 
 from langchain_tag._text import batches
-from langchain_tag.extraction.phases import DraftRule
+from langchain_tag.extraction.phases import MAX_TAGS, DraftRule
 
 __all__ = [
     "DEFAULT_MAX_PAIRS",
     "ComparisonPlan",
     "SimilarPair",
+    "comparison_calls_bound",
     "most_similar_pairs",
     "one_tag_calls",
     "pack_pairs",
@@ -59,12 +60,15 @@ __all__ = [
 DEFAULT_MAX_PAIRS = 5_000
 """The default cap on phase 4's pairs (`ExtractionSettings.max_pairs`).
 
-It keeps phase 4's cost flat as documents grow: 5,000 pairs take at most 625 calls
-of 16 rules plus one a tag (`packed_groups_bound`), ~0.7 M input tokens, ~$0.10 at
-gpt-4o-mini list prices ($0.15 per million input tokens), where 200 KB of
-normative-dense text took 24,151 calls and 25 M input tokens uncapped ($3.81; $64
-at gpt-4o's $2.50; `benchmarks/bench_extraction_cost.py`). PEP 8, ~1,900 pairs
-sharing a tag, stays under it."""
+It keeps phase 4's cost flat as documents grow. Over the cap, the 5,000 pairs
+chosen take at most 625 calls of 16 rules (5,000 / 8) plus one a tag holding a
+chosen pair (`packed_groups_bound`): ~625 calls, ~0.7 M input tokens, ~$0.10 at
+gpt-4o-mini list prices ($0.15 per million input tokens) when the rules share few
+tags, where 200 KB of normative-dense text took 24,151 calls and 25 M input tokens
+uncapped ($3.81; $64 at gpt-4o's $2.50; `benchmarks/bench_extraction_cost.py`).
+Many small tags make more, smaller calls: at or under the cap, one a tag (a chunk
+pair of a large tag), up to 15,000 when rules come in twos sharing three tags
+(`comparison_calls_bound`). PEP 8, ~1,900 pairs sharing a tag, stays under it."""
 
 _BLOCK_CELLS = 1 << 16
 """Pair scores computed at once: 256 KiB of float32, whatever the tag's size."""
@@ -360,7 +364,10 @@ def packed_groups_bound(pairs: int, limit: int) -> int:
 
 
 def one_tag_calls(rules: int, limit: int, max_pairs: int | None) -> int:
-    """Phase 4's calls if `rules` rules all shared one tag (the most pairs).
+    """Phase 4's calls if `rules` rules all shared one tag.
+
+    The most pairs, not the most calls: rules spread over many small tags make
+    more, smaller calls (`comparison_calls_bound`).
 
     At or under `max_pairs`, `tag_groups`' calls for that tag; over it,
     `packed_groups_bound` of `max_pairs` pairs.
@@ -374,6 +381,28 @@ def one_tag_calls(rules: int, limit: int, max_pairs: int | None) -> int:
         return 1
     chunks = math.ceil(rules / max(1, limit // 2))
     return chunks * (chunks - 1) // 2
+
+
+def comparison_calls_bound(pairs: int, max_pairs: int | None) -> int:
+    """The most calls `plan_comparisons` makes for at most `pairs` candidate pairs.
+
+    Whatever the tags, with at most `phases.MAX_TAGS` (3) a rule, as phase 3 keeps:
+
+    - At or under the cap, `tag_groups` makes at most one call a pair a tag it
+      shares: a tag's single call holds at least one of its pairs, and each chunk
+      pair of a large tag holds pairs no other call of the tag holds. A pair
+      shares at most 3 tags, so at most 3 x min(pairs, max_pairs) calls, reached
+      when the rules come in twos sharing all three tags.
+    - Over it, each tag's chosen pairs take at most `packed_groups_bound` calls:
+      summed, at most max_pairs / ceil((limit - 1) / 2) plus one a tag holding a
+      chosen pair, and never more than `max_pairs`.
+
+    `one_tag_calls`, the count when all the rules share one tag, is far lower.
+    """
+    if pairs < 1:
+        return 0
+    under_cap = pairs if max_pairs is None else min(pairs, max_pairs)
+    return MAX_TAGS * under_cap
 
 
 class ComparisonPlan(BaseModel):

@@ -293,7 +293,7 @@ def read_spans(text: str, section: Section, tally: Counter[str]) -> list[SpanRec
             continue
         seen.add((start, end))
         records.append(
-            _span(
+            span_record(
                 section,
                 len(records) + 1,
                 start,
@@ -305,7 +305,7 @@ def read_spans(text: str, section: Section, tally: Counter[str]) -> list[SpanRec
     return records
 
 
-def _span(
+def span_record(
     section: Section, number: int, start: int, end: int, **labels: Any
 ) -> SpanRecord:
     """The span at `start:end` of the section's text, numbered in the section."""
@@ -323,7 +323,7 @@ def _span(
 def whole_section_spans(section: Section) -> list[SpanRecord]:
     """Phase 1 skipped (ablation): every paragraph of the section is a span."""
     paragraphs = re.finditer(r"\S(?:.*?\S)?(?=\n\s*\n|\s*\Z)", section.text, re.DOTALL)
-    return [_span(section, n, *m.span()) for n, m in enumerate(paragraphs, 1)]
+    return [span_record(section, n, *m.span()) for n, m in enumerate(paragraphs, 1)]
 
 
 # --- phase 2 ----------------------------------------------------------------------

@@ -171,7 +171,7 @@ class ExtractionReport(BaseModel):
         return (
             f"phase 4: compared {self.pairs_compared:,} of {self.candidate_pairs:,} "
             f"rule pairs sharing a tag ({self.pairs_skipped:,} skipped by "
-            f"--max-pairs {self.max_pairs}; the most similar kept"
+            f"max_pairs={self.max_pairs} (--max-pairs); the most similar kept"
             + (f", and {extra:,} more that shared their calls" if extra > 0 else "")
             + f"), of {self.pairs_possible:,} possible"
         )

@@ -40,6 +40,7 @@ from langchain_tag.extraction.graph import (
     build_extraction_graph,
     source_documents,
 )
+from langchain_tag.extraction.pairs import DEFAULT_MAX_PAIRS
 from langchain_tag.extraction.report import ExtractionReport
 from langchain_tag.models import CallRetry, default_chat_model, model_identity
 from langchain_tag.rule_schemas import CONDITION_SCHEMA
@@ -90,12 +91,13 @@ def run_id_for(
             settings.max_section_tokens,
             settings.units_per_call,
             settings.rules_per_comparison,
-            settings.max_pairs,
             settings.faithfulness_mode,
             settings.faithfulness_threshold,
             settings.min_coverage_overlap,
             settings.merge,
-            # Only another schema counts, so the condition schema's ids stay put.
+            # Settings added later count only when not at their default, so the
+            # ids of runs made before them stay put.
+            *([] if settings.max_pairs == DEFAULT_MAX_PAIRS else [settings.max_pairs]),
             *(
                 []
                 if settings.schema == CONDITION_SCHEMA

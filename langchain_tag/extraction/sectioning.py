@@ -27,7 +27,7 @@ the original text. `split_sections` works in four steps:
    the one before it when both have the same parent (equal ``heading_path[:-1]``) and
    the merged text still fits `max_tokens`. The merged section keeps the first one's
    heading path; the later titles are in its text. This avoids one call per two-line
-   section.
+   section. Nothing is merged across one of `breaks`.
 4. **Ids.** Sections are numbered in document order; `Section.content_hash` depends
    only on the heading path and the text, so unchanged sections keep their hash (and
    their cached extraction) when another part of the document is edited.
@@ -172,8 +172,9 @@ def split_sections(
             single word longer than the budget can exceed it.
         length_function: Size of a text in tokens.
         breaks: Offsets, in order, that a section cut to fit the budget never
-            packs across, such as the page starts of a PDF: an edit on one page
-            then changes no part of another. A section that fits stays whole.
+            packs across, nor a tiny section is merged across, such as the page
+            starts of a PDF: an edit on one page then changes no part of another.
+            A section that fits stays whole.
 
     Returns:
         The sections in document order; an empty list for a blank document.
@@ -204,7 +205,7 @@ def split_sections(
     parts: list[_Part] = []
     for raw in _join_bare_headings(_raw_sections(doc, structure.headings)):
         parts.extend(_budget_parts(doc, structure, raw, fits, breaks))
-    merged = _merge_tiny(text, parts, fits, length_function)
+    merged = _merge_tiny(text, parts, fits, length_function, breaks)
     return [
         Section(
             section_id=f"{document_id}#{index:04d}",
@@ -775,14 +776,20 @@ def _merge_tiny(
     parts: Sequence[_Part],
     fits: Callable[[int, int], bool],
     length_function: Callable[[str], int],
+    breaks: Sequence[int] = (),
 ) -> list[_Part]:
-    """Merge parts under `MIN_SECTION_TOKENS` into their previous sibling."""
+    """Merge parts under `MIN_SECTION_TOKENS` into their previous sibling.
+
+    Never across one of `breaks`: a tiny last page would otherwise join the page
+    before, and an edit of either would send both again.
+    """
     merged: list[_Part] = []
     for part in parts:
         previous = merged[-1] if merged else None
         if (
             previous is not None
             and previous.path[:-1] == part.path[:-1]
+            and bisect_right(breaks, part.start) == bisect_right(breaks, previous.end)
             and length_function(text[part.start : part.end]) < MIN_SECTION_TOKENS
             and fits(previous.start, part.end)
         ):

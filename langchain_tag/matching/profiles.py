@@ -262,9 +262,10 @@ def schema_profile(schema: RuleSchema) -> RuleSchemaProfile:
     prompt) and its tags; never its executor-side fields, which are only in the
     action.
     """
-    if schema == CONDITION_SCHEMA:
+    built_in = schema.built_in()
+    if built_in is CONDITION_SCHEMA:
         return CONDITION_PROFILE
-    if schema == NBA_SCHEMA:
+    if built_in is NBA_SCHEMA:
         return NBA_PROFILE
     judged = tuple(f.name for f in schema.judge_fields)
     own = tuple(name for name in judged if name not in Rule.model_fields)

@@ -32,6 +32,7 @@ from langchain_tag.extraction.documents import (
     document_sections,
     load_document,
     load_documents,
+    page_starts_of,
     pages_of,
     to_documents,
 )
@@ -384,9 +385,18 @@ def test_html_is_its_visible_text_with_markdown_headings(tmp_path: Path) -> None
         # Undeclared: UTF-8 when it decodes, with or without a byte-order mark.
         ("<p>Na\u00efve caf\u00e9</p>".encode(), "Na\u00efve caf\u00e9"),
         (b"\xef\xbb\xbf<p>\xe2\x82\xac 5</p>", "\u20ac 5"),
+        # Else windows-1252, as browsers read it; not a guess from the bytes.
+        (
+            "<p>Le caf\u00e9 doit \u00eatre \u201cchaud\u201d.</p>".encode("cp1252"),
+            "Le caf\u00e9 doit \u00eatre \u201cchaud\u201d.",
+        ),
+        (
+            "<p>Caf\u00e9 \u00e0 5 \u20ac</p>".encode("cp1252"),
+            "Caf\u00e9 \u00e0 5 \u20ac",
+        ),
     ],
 )
-def test_html_is_decoded_by_its_declared_or_sniffed_encoding(
+def test_html_is_decoded_by_its_declared_encoding_else_utf8_else_windows_1252(
     tmp_path: Path, raw: bytes, text: str
 ) -> None:
     path = tmp_path / "page.htm"
@@ -488,6 +498,28 @@ def test_text_files_are_read_as_they_are(tmp_path: Path) -> None:
     assert [s.heading_path for s in document_sections(doc, "guide")] == [("Guide",)]
 
 
+@pytest.mark.parametrize("name", ["handbook.txt", "handbook"])
+@pytest.mark.parametrize(
+    ("kind", "suffix"), [("a PDF", ".pdf"), ("a DOCX file", ".docx")]
+)
+def test_a_pdf_or_docx_under_another_name_is_refused(
+    tmp_path: Path, name: str, kind: str, suffix: str
+) -> None:
+    path = tmp_path / name
+    if suffix == ".pdf":
+        write_pdf(path, [PAGE_1])
+    else:
+        write_docx(path)
+    with pytest.raises(DocumentError) as caught:
+        load_document(path)
+    assert str(caught.value) == (
+        f"{path}: looks like {kind}, but its name does not end in {suffix}, so it "
+        f"would be read as text. Name it {suffix} (or pass it as a {suffix} path)."
+    )
+    # Named as what it is, it loads.
+    assert load_document(path.rename(path.with_suffix(suffix))).page_content
+
+
 def test_a_binary_file_with_another_suffix_says_which_suffixes_are_loaded(
     tmp_path: Path,
 ) -> None:
@@ -532,6 +564,24 @@ def test_load_documents_and_to_documents(tmp_path: Path) -> None:
         Document(page_content="Text must stay text."),
         loaded[1],
     ]
+
+
+def test_a_str_naming_a_file_is_refused_before_any_model_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    two_page_pdf(tmp_path)
+    fake = ExtractionFakeChatModel()
+    expected = (
+        "'handbook.pdf': names a file, but a str is the text of a document. "
+        "Pass Path('handbook.pdf') to load the file."
+    )
+    with pytest.raises(DocumentError, match=f"^{re.escape(expected)}$"):
+        extract_rules(["handbook.pdf"], llm=fake, checkpoint=None)
+    assert fake.calls == 0
+    # Text that only looks like a file name, or has more than one line, is text.
+    texts = ["missing.pdf", "handbook.pdf\nmust be read."]
+    assert [d.page_content for d in to_documents(texts)] == texts
 
 
 # --- extraction from loaded files -----------------------------------------------------
@@ -579,6 +629,32 @@ def test_pdf_rules_carry_their_pages(tmp_path: Path) -> None:
     html.write_bytes(HTML)
     rulebook = extract_rules([html], llm=ExtractionFakeChatModel(), checkpoint=None)
     assert all(rule.lineage.pages == () for rule in rulebook.rules)
+
+
+def test_a_page_loaded_by_pypdfloader_carries_its_page(tmp_path: Path) -> None:
+    # LangChain's PyPDFLoader: a Document per page, `metadata["page"]` 0-based.
+    page = Document(
+        page_content="\n".join(PAGE_2), metadata={"page": 2, "source": "x.pdf"}
+    )
+    assert page_starts_of(page) == [0, 0, 0]
+    rulebook = extract_rules([page], llm=ExtractionFakeChatModel(), checkpoint=None)
+    assert rulebook.rules
+    assert all(rule.lineage.pages == (3,) for rule in rulebook.rules)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "starts"),
+    [
+        ({"page_starts": [0, 40]}, [0, 40]),
+        ({"page": 0}, [0]),
+        ({"page": True}, None),
+        ({"page": "2"}, None),
+        ({"page": -1}, None),
+        ({}, None),
+    ],
+)
+def test_page_starts_of(metadata: dict[str, Any], starts: list[int] | None) -> None:
+    assert page_starts_of(Document(page_content="x", metadata=metadata)) == starts
 
 
 def test_async_extraction_and_the_retriever_take_paths(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from langchain_tag.extraction import (
 )
 from langchain_tag.extraction.pairs import (
     DEFAULT_MAX_PAIRS,
+    comparison_calls_bound,
     most_similar_pairs,
     one_tag_calls,
     pack_pairs,
@@ -272,6 +273,45 @@ def test_one_tag_calls_is_the_planners_count_for_one_tag(rules: int) -> None:
         assert len(planned) <= one_tag_calls(rules, 16, cap)
 
 
+def test_small_tags_make_more_calls_than_one_tag_but_never_more_than_the_bound() -> (
+    None
+):
+    # 3,000 rules in twos, each two sharing three tags of their own: 1,500 pairs,
+    # under the cap, one call a pair a tag. All sharing one tag: 625 calls.
+    drafts = [
+        draft(n, *(f"t{n // 2}-{k}" for k in range(3)), text=f"rule {n}")
+        for n in range(3000)
+    ]
+    plan = plan_comparisons(drafts, 16, DEFAULT_MAX_PAIRS)
+    assert plan.candidate_pairs == plan.pairs_compared == 1500
+    assert len(plan.groups) == 3 * 1500 == comparison_calls_bound(1500, 5000)
+    assert len(plan.groups) > one_tag_calls(3000, 16, DEFAULT_MAX_PAIRS) == 625
+    assert len(plan.groups) <= comparison_calls_bound(3000 * 2999 // 2, 5000)
+    # Over the cap, at most a call a chosen pair.
+    assert len(plan_comparisons(drafts, 16, 100).groups) <= 100
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_comparison_calls_bound_holds_whatever_the_tags(seed: int) -> None:
+    rng = random.Random(seed)  # noqa: S311 - test data
+    drafts = random_drafts(rng.randint(2, 90), seed)
+    # Small tags: each rule keeps 3 of many tags.
+    small = [
+        d.model_copy(update={"tags": tuple(f"s{t}" for t in rng.sample(range(60), 3))})
+        for d in drafts
+    ]
+    for found in (drafts, small):
+        total = shared_tag_pairs(found)
+        possible = len(found) * (len(found) - 1) // 2
+        for limit in (2, 5, 16):
+            for cap in (None, 1, max(1, total // 3), total, total + 1):
+                calls = len(plan_comparisons(found, limit, cap).groups)
+                assert calls <= comparison_calls_bound(total, cap)
+                assert calls <= comparison_calls_bound(possible, cap)
+    assert comparison_calls_bound(0, None) == 0
+    assert comparison_calls_bound(10, 4) == 12  # 4 pairs under the cap, 3 tags each
+
+
 def test_choosing_holds_no_more_than_a_block_on_an_adversarial_tag() -> None:
     # 3,000 rules under one tag: 4.5 M pairs, 72 MB as two int64 arrays, far
     # more as Python tuples; the planner holds 1,000 pairs and one block.
@@ -373,7 +413,8 @@ def test_a_capped_run_compares_the_most_similar_and_reports_the_rest() -> None:
     assert line.startswith(
         f"phase 4: compared {report.pairs_compared:,} of "
         f"{report.candidate_pairs:,} rule pairs sharing a tag "
-        f"({report.pairs_skipped:,} skipped by --max-pairs 30; the most similar kept"
+        f"({report.pairs_skipped:,} skipped by max_pairs=30 (--max-pairs); the most "
+        "similar kept"
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,7 @@ def _with(**changes: Any) -> dict[str, Any]:
     for name, spec in changes.items():
         if spec is None:
             del data["properties"][name]
+            data["required"].remove(name)
         else:
             data["properties"][name] = spec
     return data
@@ -250,3 +252,70 @@ def test_the_digest_follows_every_part_of_the_schema() -> None:
         }
     )
     assert reworded.digest() != schema.digest()
+
+
+def test_every_executor_field_reaches_the_action() -> None:
+    schema = RuleSchema.from_json_schema(
+        _with(
+            action={"type": "string", "description": "do", SIDE_KEY: "executor"},
+            deadline={"type": "string", "description": "by when", SIDE_KEY: "executor"},
+        )
+    )
+    values = schema.rule_values(
+        {
+            "party": "p",
+            "trigger": "t",
+            "obligation": "pay",
+            "action": "Pay the fee.",
+            "deadline": "in 30 days",
+        }
+    )
+    assert values["action"] == "Pay the fee.\nobligation: pay\ndeadline: in 30 days"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            _with(
+                model_config={"type": "string", "description": "x", SIDE_KEY: "judge"}
+            ),
+            "'model_config' is taken by pydantic",
+        ),
+        (
+            {**CONTRACT_JSON, "x-tag-judge-criteria": "NO unless a party is named."},
+            "`x-tag-judge-criteria` must be a list of sentences",
+        ),
+        ({**CONTRACT_JSON, "required": ["party", "parties"]}, "names no property"),
+        (
+            _with(party={"description": "who", SIDE_KEY: "judge"}),
+            "'party' is not a string field (no type)",
+        ),
+    ],
+)
+def test_what_phase_3_could_not_write_is_refused(
+    data: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(RuleSchemaError, match=re.escape(message)):
+        RuleSchema.from_json_schema(data)
+
+
+def test_a_nested_model_is_not_a_text_field() -> None:
+    class Inner(BaseModel):
+        amount: int
+
+    class Nested(BaseModel):
+        party: str = Field(description="who", json_schema_extra={SIDE_KEY: "judge"})
+        inner: Inner = Field(description="x", json_schema_extra={SIDE_KEY: "executor"})
+
+    with pytest.raises(RuleSchemaError, match="'inner' is not a string field"):
+        RuleSchema.from_model(Nested)
+
+
+def test_a_built_in_is_known_by_its_fields_not_its_wording() -> None:
+    assert NBA_SCHEMA.built_in() is NBA_SCHEMA
+    reworded = NBA_SCHEMA.model_copy(update={"description": "older wording"})
+    assert reworded.built_in() is NBA_SCHEMA
+    renamed = NBA_SCHEMA.model_copy(update={"name": "cba"})
+    assert renamed.built_in() is None
+    assert RuleSchema.from_model(Contract).built_in() is None

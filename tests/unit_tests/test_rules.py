@@ -16,6 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from langchain_tag import rules as rules_module
+from langchain_tag.rule_schemas import NBA_SCHEMA
 from langchain_tag.rules import (
     FORMAT_VERSION,
     Rule,
@@ -888,3 +889,37 @@ def test_models_are_frozen(full_rulebook: Rulebook) -> None:
 def test_rules_reject_unknown_fields() -> None:
     with pytest.raises(ValidationError, match="conditon"):
         Rule(**_rule_dict("x", conditon="typo"))
+
+
+def test_fields_added_later_are_written_only_when_used(tmp_path: Path) -> None:
+    # Files of rulebooks that use none of them read as before in earlier releases.
+    plain = Rulebook.from_rules(
+        [Rule(rule_id="R-1", name="n", condition="c", action="a")]
+    )
+    path = plain.save(tmp_path / "plain.json")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert "rule_schema" not in data
+    assert "fields" not in data["rules"][0]
+    assert "pages" not in data["rules"][0]["lineage"]
+    assert Rulebook.load(path) == plain
+    # Used, they are written and read back; a built-in schema may be named.
+    used = Rulebook.model_validate(
+        {
+            "rule_schema": "nba",
+            "rules": [
+                {
+                    "rule_id": "R-1",
+                    "name": "n",
+                    "condition": "c",
+                    "action": "a",
+                    "fields": {"party": "p"},
+                    "lineage": {"pages": [2]},
+                }
+            ],
+        }
+    )
+    assert used.rule_schema is NBA_SCHEMA
+    again = Rulebook.load(used.save(tmp_path / "used.json"))
+    assert again == used
+    assert again.rules[0].lineage.pages == (2,)
+    assert again.rules[0].fields == {"party": "p"}

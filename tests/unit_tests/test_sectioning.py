@@ -753,3 +753,17 @@ def test_a_section_cut_to_fit_is_never_packed_across_a_break() -> None:
     # A section that fits the budget stays whole, breaks or not.
     whole = split_sections(text, "d", fmt="text", max_tokens=1500, breaks=starts)
     assert [(s.start, s.end) for s in whole] == [(0, len(text))]
+
+
+def test_a_tiny_part_is_never_merged_across_a_break() -> None:
+    # Three pages, the last one line: merged into page 2, an edit of page 3 would
+    # send page 2 again.
+    pages = [FILLER, FILLER, "Be brief."]
+    text = "\n\n".join(pages)
+    starts = [0, len(FILLER) + 2, 2 * len(FILLER) + 4]
+    budget = estimate_tokens(f"{FILLER}\n\n{FILLER}") - 1
+    merged = split_sections(text, "d", fmt="text", max_tokens=budget)
+    assert [s.text for s in merged] == [FILLER, f"{FILLER}\n\nBe brief."]
+    paged = split_sections(text, "d", fmt="text", max_tokens=budget, breaks=starts)
+    _assert_sections(text, paged, document_id="d", max_tokens=budget)
+    assert [s.text for s in paged] == pages
