@@ -36,6 +36,7 @@ from typing_extensions import Self
 
 __all__ = [
     "APPROXIMATE_CHARS_PER_TOKEN",
+    "DEFAULT_CACHING",
     "MESSAGE_OVERHEAD",
     "OFFLINE_ENCODING",
     "REPLY_OVERHEAD",
@@ -45,6 +46,7 @@ __all__ = [
     "TokenPrices",
     "TokenUsage",
     "UsageCounter",
+    "format_usd",
     "token_counter",
 ]
 
@@ -291,6 +293,11 @@ class PromptCaching(BaseModel):
         return shared_prefix_tokens // self.block_tokens * self.block_tokens
 
 
+DEFAULT_CACHING = PromptCaching()
+"""The prompt cache estimates assume by default: OpenAI's automatic caching (prefixes
+of 1,024 tokens and more, in 128-token steps)."""
+
+
 class SimulatedPromptCache:
     """The cached input tokens of prompts sent one after another, under a model.
 
@@ -404,6 +411,22 @@ class TokenCounter:
             + REPLY_OVERHEAD
         )
 
+    def request(
+        self,
+        messages: Sequence[BaseMessage],
+        answer: str,
+        cache: SimulatedPromptCache | None = None,
+    ) -> TokenUsage:
+        """One request sending `messages`, answered `answer`, through `cache`."""
+        tokens = self.messages(messages)
+        cached = 0 if cache is None else min(cache.send_messages(messages), tokens)
+        return TokenUsage(
+            calls=1,
+            input_tokens=tokens,
+            cached_input_tokens=cached,
+            output_tokens=self.count(answer),
+        )
+
 
 def _approximate(text: str) -> int:
     return math.ceil(len(text) / APPROXIMATE_CHARS_PER_TOKEN)
@@ -434,3 +457,12 @@ def token_counter() -> TokenCounter:
         return len(encoding.encode(text, disallowed_special=()))
 
     return TokenCounter("tiktoken cl100k_base (offline copy)", count)
+
+
+def format_usd(value: float | None) -> str:
+    """Dollars as the estimates print them: cents from $1, else four decimals."""
+    if value is None:
+        return "-"
+    if value == 0:
+        return "$0"
+    return f"${value:,.2f}" if value >= 1 else f"${value:.4f}"

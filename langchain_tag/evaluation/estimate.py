@@ -82,6 +82,7 @@ from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.rules import Rule
 from langchain_tag.usage import (  # the counter is re-exported from here too
     APPROXIMATE_CHARS_PER_TOKEN,
+    DEFAULT_CACHING,
     MESSAGE_OVERHEAD,
     OFFLINE_ENCODING,
     REPLY_OVERHEAD,
@@ -90,6 +91,7 @@ from langchain_tag.usage import (  # the counter is re-exported from here too
     TokenCounter,
     TokenPrices,
     TokenUsage,
+    format_usd,
     token_counter,
 )
 
@@ -112,10 +114,6 @@ __all__ = [
     "estimate_table",
     "token_counter",
 ]
-
-DEFAULT_CACHING = PromptCaching()
-"""The prompt cache estimated by default: OpenAI's automatic caching (prefixes of
-1,024 tokens and more, in 128-token steps)."""
 
 
 # --- Answers, as their tokens are estimated -------------------------------------------
@@ -368,8 +366,7 @@ class _Meter:
         self, role: _Role, messages: Sequence[BaseMessage], answer: str
     ) -> _Cost:
         """One call sending `messages` and answered `answer`."""
-        input_tokens = self.counter.messages(messages)
-        cached = 0
+        cache = None
         if self.caching is not None:
             cache = self.caches.get(role)
             if cache is None:
@@ -379,12 +376,12 @@ class _Meter:
                     in_flight=self.in_flight,
                     keep=self.keep,
                 )
-            cached = min(cache.send_messages(messages), input_tokens)
+        usage = self.counter.request(messages, answer, cache)
         return _Cost(
             calls=1,
-            input_tokens=input_tokens,
-            cached_input_tokens=cached,
-            output_tokens=self.counter.count(answer),
+            input_tokens=usage.input_tokens or 0,
+            cached_input_tokens=usage.cached_input_tokens or 0,
+            output_tokens=usage.output_tokens or 0,
         )
 
 
@@ -859,14 +856,6 @@ def _number(value: int, *, exact: bool = True) -> str:
     return f"{value:,}" if exact else f"≤ {value:,}"
 
 
-def _usd(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value == 0:
-        return "$0"
-    return f"${value:,.2f}" if value >= 1 else f"${value:.4f}"
-
-
 def _cells(estimate: MethodEstimate, *, with_task: bool) -> list[str]:
     first = [estimate.task] if with_task else []
     if estimate.status == "skipped":
@@ -886,8 +875,8 @@ def _cells(estimate: MethodEstimate, *, with_task: bool) -> list[str]:
         _number(estimate.input_tokens),
         _number(estimate.cached_input_tokens),
         _number(estimate.output_tokens),
-        _usd(estimate.dollars),
-        _usd(estimate.batch_dollars),
+        format_usd(estimate.dollars),
+        format_usd(estimate.batch_dollars),
         "; ".join(estimate.notes),
     ]
 
@@ -1112,8 +1101,8 @@ def estimate_table(
         _number(sum(row.input_tokens for row in done)),
         _number(sum(row.cached_input_tokens for row in done)),
         _number(sum(row.output_tokens for row in done)),
-        _usd(_sum_usd(row.dollars for row in done)),
-        _usd(_sum_usd(row.batch_dollars for row in done)),
+        format_usd(_sum_usd(row.dollars for row in done)),
+        format_usd(_sum_usd(row.batch_dollars for row in done)),
         f"{len(done)} of {len(rows)} methods estimated",
     ]
     lines.append("| " + " | ".join(totals) + " |")

@@ -74,6 +74,7 @@ from langchain_tag.extraction.run import _as_documents
 from langchain_tag.extraction.sectioning import Section
 from langchain_tag.rule_schemas import RuleSchema
 from langchain_tag.usage import (
+    DEFAULT_CACHING,
     MESSAGE_OVERHEAD,
     REPLY_OVERHEAD,
     PromptCaching,
@@ -81,12 +82,12 @@ from langchain_tag.usage import (
     TokenCounter,
     TokenPrices,
     TokenUsage,
+    format_usd,
     token_counter,
 )
 
 __all__ = [
     "NORMATIVE_CUES",
-    "OPENAI_CACHING",
     "ExtractionEstimate",
     "PhaseEstimate",
     "estimate_extraction",
@@ -108,8 +109,6 @@ _SUMMARY_WORDS = 12
 _NAME_WORDS = 6
 _KEEP_PROMPTS = 10_000
 """Prompts the simulated prompt cache remembers (the most recent)."""
-OPENAI_CACHING = PromptCaching()
-"""The prompt cache assumed by default: OpenAI's automatic caching."""
 
 Basis = Literal["exact", "estimated", "skipped"]
 """How a phase's calls and input tokens are known (output tokens are estimated)."""
@@ -207,7 +206,7 @@ class ExtractionEstimate(BaseModel):
             f"{name:<11}{mark + f'{usage.calls:,}':>9}"
             f"{mark + f'{usage.input_tokens or 0:,}':>13}"
             f"{usage.cached_input_tokens or 0:>11,}"
-            f"{out + f'{usage.output_tokens or 0:,}':>12}{_usd(price):>10}"
+            f"{out + f'{usage.output_tokens or 0:,}':>12}{format_usd(price):>10}"
         )
 
     def _notes(self) -> list[str]:
@@ -232,18 +231,12 @@ class ExtractionEstimate(BaseModel):
         else:
             mark = self._total_mark()
             price = (
-                f"Price: {mark}{_usd(self.dollars())} at list prices, "
-                f"{mark}{_usd(self.dollars(batch=True))} at "
+                f"Price: {mark}{format_usd(self.dollars())} at list prices, "
+                f"{mark}{format_usd(self.dollars(batch=True))} at "
                 f"{self.prices.batch_discount:.0%} off (flex processing), with "
                 "the phases' estimates as above."
             )
         return [counted, cached, price]
-
-
-def _usd(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"${value:,.2f}" if value >= 1 or value == 0 else f"${value:.4f}"
 
 
 # --- the sentences a model would find -------------------------------------------------
@@ -367,16 +360,7 @@ class _Meter:
     usage: TokenUsage = field(default_factory=TokenUsage)
 
     def request(self, messages: Sequence[BaseMessage], answer: str) -> None:
-        tokens = self.counter.messages(messages)
-        cached = 0
-        if self.cache is not None:
-            cached = min(self.cache.send_messages(messages), tokens)
-        self.usage += TokenUsage(
-            calls=1,
-            input_tokens=tokens,
-            cached_input_tokens=cached,
-            output_tokens=self.counter.count(answer),
-        )
+        self.usage += self.counter.request(messages, answer, self.cache)
 
     def repeated(
         self, calls: int, messages: Sequence[BaseMessage], answer: str
@@ -581,7 +565,7 @@ def estimate_extraction(
     domain: str = DEFAULT_DOMAIN,
     skip_phases: Iterable[int] = (),
     prices: TokenPrices | None = None,
-    caching: PromptCaching | None = OPENAI_CACHING,
+    caching: PromptCaching | None = DEFAULT_CACHING,
     max_concurrency: int = 8,
     **settings: Any,
 ) -> ExtractionEstimate:

@@ -6,18 +6,22 @@ from typing import Any, cast
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler, CallbackManager
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, LLMResult
 from pydantic import ValidationError
 
 from langchain_tag.testing import RuleAwareFakeChatModel
 from langchain_tag.usage import (
+    MESSAGE_OVERHEAD,
+    REPLY_OVERHEAD,
     PromptCaching,
     SimulatedPromptCache,
+    TokenCounter,
     TokenPrices,
     TokenUsage,
     UsageCounter,
+    format_usd,
 )
 
 UNKNOWN = {"input_tokens": None, "cached_input_tokens": None, "output_tokens": None}
@@ -226,3 +230,26 @@ def test_a_bounded_cache_forgets_its_oldest_prompts() -> None:
     assert cache.send("input A, rule 2") == len("input ")
     with pytest.raises(ValueError, match="keep must be at least 1"):
         SimulatedPromptCache(PromptCaching(), chars, keep=0)
+
+
+def test_a_request_counts_its_tokens_and_what_a_cache_serves() -> None:
+    counter = TokenCounter("a token a character", len)
+    messages = [SystemMessage("s" * 40), HumanMessage("h" * 20)]
+    sent = 40 + 20 + 2 * MESSAGE_OVERHEAD + REPLY_OVERHEAD
+    assert counter.request(messages, "YES") == TokenUsage(
+        calls=1, input_tokens=sent, cached_input_tokens=0, output_tokens=3
+    )
+    cache = SimulatedPromptCache(PromptCaching(min_tokens=8, block_tokens=8), len)
+    first = counter.request(messages, "YES", cache)
+    again = counter.request(messages, "NO", cache)
+    assert first.cached_input_tokens == 0
+    assert 0 < (again.cached_input_tokens or 0) <= sent
+    assert again.output_tokens == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(None, "-"), (0, "$0"), (0.00123, "$0.0012"), (1234.5, "$1,234.50")],
+)
+def test_dollars_as_the_estimates_print_them(value: float | None, shown: str) -> None:
+    assert format_usd(value) == shown
