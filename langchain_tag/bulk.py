@@ -504,7 +504,7 @@ class BulkJob:
         rules = json.dumps([r.model_dump(mode="json") for r in self.rules])
         return {
             "rulebook": digest(rules),
-            "judge": model_identity(self.engine.judge.final_llm),
+            "judge": self.engine.judge.identity,
             "executor": (
                 None if self.executor is None else model_identity(self.executor.llm)
             ),

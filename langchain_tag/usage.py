@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.callbacks import UsageMetadataCallbackHandler
+from langchain_core.decisions import ClassifierResponse
 from langchain_core.messages import BaseMessage
-from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages.ai import UsageMetadata, add_usage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config, merge_configs
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -190,6 +191,23 @@ class UsageCounter(UsageMetadataCallbackHandler):
         """Count a completion model call."""
         with self._lock:
             self.calls += 1
+
+    def on_chain_start(
+        self, serialized: dict[str, Any] | None, inputs: Any, **kwargs: Any
+    ) -> None:
+        """Count a decision model's request (a Runnable run of type `llm`)."""
+        if kwargs.get("run_type") == "llm":
+            with self._lock:
+                self.calls += 1
+
+    def on_chain_end(self, outputs: Any, **kwargs: Any) -> None:
+        """Add the tokens a decision model's response reports."""
+        if isinstance(outputs, ClassifierResponse) and outputs.usage is not None:
+            with self._lock:
+                known = self.usage_metadata.get(outputs.model)
+                self.usage_metadata[outputs.model] = (
+                    outputs.usage if known is None else add_usage(known, outputs.usage)
+                )
 
     @property
     def reported(self) -> bool:

@@ -47,6 +47,9 @@ class _FanOut:
     """Sync fan-outs: set once a judgment failed for good (stop the others)."""
     explored: Mapping[str, float] = field(default_factory=dict)
     """Rule id -> the exploration rate at which it was drawn for shadow judging."""
+    recalled: bool = False
+    """The fan-out read the cache for all its rules at once before it started, so
+    a judgment does not look its rules up again."""
 
 
 _FAN_OUT: contextvars.ContextVar[_FanOut | None] = contextvars.ContextVar(
@@ -62,6 +65,12 @@ def _give_up_if_abandoned() -> None:
     fan_out = _FAN_OUT.get()
     if fan_out is not None and fan_out.failed is not None and fan_out.failed.is_set():
         raise Abandoned
+
+
+def recalled() -> bool:
+    """Whether the fan-out already read the cache for the judgment's rules."""
+    fan_out = _FAN_OUT.get()
+    return fan_out is not None and fan_out.recalled
 
 
 def explore_rate(rule_id: str) -> float | None:
@@ -174,6 +183,8 @@ def in_threads(
     units: Sequence[Unit],
     limiter: ConcurrencyLimiter,
     explored: Mapping[str, float],
+    *,
+    recalled: bool = False,
 ) -> list[Verdict]:
     """Run `judge_unit` on every unit in worker threads; the verdicts in unit order.
 
@@ -188,7 +199,7 @@ def in_threads(
     def judge_one(unit: Unit) -> list[Verdict]:
         with limiter.hold() as slot:
             # In this task's own copy of the context.
-            _FAN_OUT.set(_FanOut(limiter, slot, failed, explored))
+            _FAN_OUT.set(_FanOut(limiter, slot, failed, explored, recalled))
             _give_up_if_abandoned()
             try:
                 return judge_unit(unit)
@@ -248,6 +259,8 @@ async def in_tasks(
     units: Sequence[Unit],
     limiter: ConcurrencyLimiter,
     explored: Mapping[str, float],
+    *,
+    recalled: bool = False,
 ) -> list[Verdict]:
     """Run `ajudge_unit` on every unit concurrently; the verdicts in unit order.
 
@@ -258,7 +271,7 @@ async def in_tasks(
         # The slot is taken before any work, so queued judgments cost nothing.
         async with limiter.ahold() as slot:
             # In this task's own copy of the context.
-            _FAN_OUT.set(_FanOut(limiter, slot, None, explored))
+            _FAN_OUT.set(_FanOut(limiter, slot, None, explored, recalled))
             return await ajudge_unit(unit)
 
     tasks = [asyncio.ensure_future(judge_one(unit)) for unit in units]

@@ -16,7 +16,7 @@ from tenacity import AsyncRetrying, Retrying
 
 from langchain_tag._text import batches, check_text
 from langchain_tag.matching import prompts
-from langchain_tag.matching._fanout import judgment_config, succeeded
+from langchain_tag.matching._fanout import judgment_config, recalled, succeeded
 from langchain_tag.matching.parsing import parse_batch
 from langchain_tag.matching.verdicts import Verdict
 
@@ -94,7 +94,21 @@ def _given_up(
     retrying: Retrying | AsyncRetrying,
 ) -> dict[str, Verdict]:
     # Under on_error="raise" the first rule's failure is raised.
-    return {r.rule_id: judge._given_up(r, error, retrying) for r in asked}  # noqa: SLF001
+    return {r.rule_id: judge.given_up(r, error, retrying) for r in asked}
+
+
+def _recall(
+    judge: ApplicabilityJudge, text: str, unit: Sequence[Rule]
+) -> dict[str, Verdict]:
+    memory = judge.memory
+    return {} if memory is None or recalled() else memory.recall(text, unit)
+
+
+async def _arecall(
+    judge: ApplicabilityJudge, text: str, unit: Sequence[Rule]
+) -> dict[str, Verdict]:
+    memory = judge.memory
+    return {} if memory is None or recalled() else await memory.arecall(text, unit)
 
 
 def judge_unit(
@@ -102,13 +116,13 @@ def judge_unit(
 ) -> list[Verdict]:
     """Judge `unit` against `text` in one call (cache hits and leftovers aside)."""
     check_text(text, "The judged input")
-    known = judge._recall(text, unit)  # noqa: SLF001
+    known = _recall(judge, text, unit)
     asked = [rule for rule in unit if rule.rule_id not in known]
     if len(asked) > 1:
-        retrying = judge._retrying(Retrying)  # noqa: SLF001
+        retrying = judge.retrying(Retrying)
         try:
             output = retrying(
-                judge._invoke,  # noqa: SLF001
+                judge.call_model,
                 batch_messages(judge, text, asked),
                 judgment_config(config, *asked),
                 batch=True,
@@ -117,9 +131,10 @@ def judge_unit(
             answered = _given_up(judge, asked, error, retrying)
         else:
             answered = _read(judge, asked, output)
-            judge._remember(text, *_pairs(asked, answered))  # noqa: SLF001
-        for rule, verdict in zip(*_pairs(asked, answered), strict=True):
-            known[rule.rule_id] = judge._logged(text, rule, verdict)  # noqa: SLF001
+        rules, verdicts = _pairs(asked, answered)
+        if judge.memory is not None:
+            verdicts = judge.memory.settle(text, rules, verdicts)
+        known.update((v.rule_id, v) for v in verdicts)
     # A rule the answer left out, repeated or garbled is judged again alone.
     return [
         known.get(rule.rule_id)
@@ -133,13 +148,13 @@ async def ajudge_unit(
 ) -> list[Verdict]:
     """Async `judge_unit`."""
     check_text(text, "The judged input")
-    known = await judge._arecall(text, unit)  # noqa: SLF001
+    known = await _arecall(judge, text, unit)
     asked = [rule for rule in unit if rule.rule_id not in known]
     if len(asked) > 1:
-        retrying = judge._retrying(AsyncRetrying)  # noqa: SLF001
+        retrying = judge.retrying(AsyncRetrying)
         try:
             output: Any = await retrying(
-                judge._ainvoke,  # noqa: SLF001
+                judge.acall_model,
                 batch_messages(judge, text, asked),
                 judgment_config(config, *asked),
                 batch=True,
@@ -148,9 +163,10 @@ async def ajudge_unit(
             answered = _given_up(judge, asked, error, retrying)
         else:
             answered = _read(judge, asked, output)
-            await judge._aremember(text, *_pairs(asked, answered))  # noqa: SLF001
-        for rule, verdict in zip(*_pairs(asked, answered), strict=True):
-            known[rule.rule_id] = await judge._alogged(text, rule, verdict)  # noqa: SLF001
+        rules, verdicts = _pairs(asked, answered)
+        if judge.memory is not None:
+            verdicts = await judge.memory.asettle(text, rules, verdicts)
+        known.update((v.rule_id, v) for v in verdicts)
     return [
         known.get(rule.rule_id)
         or await judge.ajudge_pair((text, rule), judgment_config(config, rule))

@@ -167,6 +167,11 @@ class CascadeJudge(BaseJudge):
         """The strong judge's model: its verdicts are final for escalated pairs."""
         return self.strong.llm
 
+    @property
+    def identity(self) -> str:
+        """The strong judge's identity: its verdicts are final."""
+        return self.strong.identity
+
     def with_call_retry(self, retry: CallRetry) -> CascadeJudge:
         """A copy whose stages both use `retry`; the counts stay shared."""
         return self.model_copy(

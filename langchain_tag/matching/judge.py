@@ -36,6 +36,7 @@ from langchain_tag.cache import InMemoryVerdictCache
 from langchain_tag.matching import _fanout, batched, prompts
 from langchain_tag.matching._fanout import judgment_config
 from langchain_tag.matching.limiter import ConcurrencyLimiter
+from langchain_tag.matching.memory import VerdictMemory
 from langchain_tag.matching.parsing import (
     REFUSAL,
     answer_format,
@@ -79,7 +80,8 @@ JudgeInput = tuple[str, Rule] | Mapping[str, Any]
 """`(input, rule)` or `{"input": ..., "rule": ...}`."""
 
 
-def _unpack(request: JudgeInput) -> tuple[str, Rule]:
+def unpack_request(request: JudgeInput) -> tuple[str, Rule]:
+    """The input text and the rule of a judge's Runnable input, checked."""
     text: object
     rule: object
     if isinstance(request, tuple) and len(request) == 2:  # noqa: PLR2004
@@ -136,8 +138,26 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
 
     @property
     @abstractmethod
-    def final_llm(self) -> BaseChatModel:
-        """The model whose verdicts are final (the executor's default model)."""
+    def final_llm(self) -> BaseChatModel | None:
+        """The chat model whose verdicts are final (the executor's default).
+
+        None for a judge that is no chat model (a decision model).
+        """
+
+    @property
+    def identity(self) -> str:
+        """The judging model's identity, as cache keys and manifests name it."""
+        llm = self.final_llm
+        return "" if llm is None else model_identity(llm)
+
+    @property
+    def memory(self) -> VerdictMemory | None:
+        """Where this judge's verdicts are cached and logged; None for neither.
+
+        The fan-outs read it once for all rules of an input (one `mget`) before
+        any judgment, and judge only the rules it does not know.
+        """
+        return None
 
     def prefix_share(self, text: str, rules: Sequence[Rule]) -> float:
         """Share of prompt characters the judgments of `text` have in common."""
@@ -231,12 +251,19 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
         if not rules:
             return []
-        verdicts = _fanout.in_threads(
-            lambda unit: self._judge_unit(text, unit, config),
-            self.call_units(rules),
-            limiter,
-            explored or {},
-        )
+        memory = self.memory
+        known = {} if memory is None else memory.recall(text, rules)
+        misses = [rule for rule in rules if rule.rule_id not in known]
+        if misses:
+            judged = _fanout.in_threads(
+                lambda unit: self._judge_unit(text, unit, config),
+                self.call_units(misses),
+                limiter,
+                explored or {},
+                recalled=memory is not None,
+            )
+            known.update((v.rule_id, v) for v in judged)
+        verdicts = [known[rule.rule_id] for rule in rules]
         if warn:
             warn_failures(verdicts, len(rules))
         return verdicts
@@ -258,12 +285,21 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         """
         config = ensure_config(config)
         limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
-        verdicts = await _fanout.in_tasks(
-            lambda unit: self._ajudge_unit(text, unit, config),
-            self.call_units(rules),
-            limiter,
-            explored or {},
-        )
+        if not rules:
+            return []
+        memory = self.memory
+        known = {} if memory is None else await memory.arecall(text, rules)
+        misses = [rule for rule in rules if rule.rule_id not in known]
+        if misses:
+            judged = await _fanout.in_tasks(
+                lambda unit: self._ajudge_unit(text, unit, config),
+                self.call_units(misses),
+                limiter,
+                explored or {},
+                recalled=memory is not None,
+            )
+            known.update((v.rule_id, v) for v in judged)
+        verdicts = [known[rule.rule_id] for rule in rules]
         if warn:
             warn_failures(verdicts, len(rules))
         return verdicts
@@ -432,14 +468,16 @@ class ApplicabilityJudge(BaseJudge):
             raise ValueError(msg)
         return model
 
-    def _invoke(
+    def call_model(
         self, messages: list[BaseMessage], config: RunnableConfig, *, batch: bool
     ) -> Any:
+        """One model call, no retries (wrap it in `retrying`); its output, unread."""
         return self._calls.invoke(messages, config, self._schema(batch=batch))
 
-    async def _ainvoke(
+    async def acall_model(
         self, messages: list[BaseMessage], config: RunnableConfig, *, batch: bool
     ) -> Any:
+        """Async `call_model`."""
         return await self._calls.ainvoke(messages, config, self._schema(batch=batch))
 
     def _schema(self, *, batch: bool) -> type[BaseModel]:
@@ -506,20 +544,19 @@ class ApplicabilityJudge(BaseJudge):
         read: list[Verdict | None] = []
         for _, rule, output in answers:
             try:
-                verdict: Verdict | None = self._read(rule, output)
+                verdict: Verdict | None = self.read(rule, output)
             except JudgmentError:
                 verdict = None
             read.append(None if verdict is None or verdict.failed else verdict)
-        kept = [
-            (text, rule, verdict)
-            for (text, rule, _), verdict in zip(answers, read, strict=True)
-            if verdict is not None
-        ]
-        if self.cache is not None:
-            keys = [self.cache_key(text, rule) for text, rule, _ in kept]
-            self.cache.mset(self._stored(keys, [verdict for *_, verdict in kept]))
-        for text, rule, verdict in kept:
-            self._logged(text, rule, verdict, explored.get((text, rule.rule_id)))
+        if (memory := self.memory) is not None:
+            memory.settle_pairs(
+                [
+                    (text, rule, verdict)
+                    for (text, rule, _), verdict in zip(answers, read, strict=True)
+                    if verdict is not None
+                ],
+                explored,
+            )
         return read
 
     def prefix_share(self, text: str, rules: Sequence[Rule]) -> float:
@@ -578,7 +615,7 @@ class ApplicabilityJudge(BaseJudge):
             reason=decision.reason,
         )
 
-    def _read(self, rule: Rule, output: Any) -> Verdict:
+    def read(self, rule: Rule, output: Any) -> Verdict:
         """The verdict of a call that went through; unreadable, a failed judgment.
 
         Only an answer that gives no verdict is unreadable (`_from_output` says
@@ -602,10 +639,11 @@ class ApplicabilityJudge(BaseJudge):
             raise JudgmentError(rule.rule_id, error, kind=kind)
         return Verdict(rule_id=rule.rule_id, applies=False, error=error)
 
-    def _retrying(self, kind: type[_fanout.RetryingT]) -> _fanout.RetryingT:
+    def retrying(self, kind: type[_fanout.RetryingT]) -> _fanout.RetryingT:
+        """This judge's retry loop (`Retrying` or `AsyncRetrying`) in its fan-out."""
         return _fanout.retrying(self.retry, kind)
 
-    def _given_up(
+    def given_up(
         self, rule: Rule, error: Exception, retrying: Retrying | AsyncRetrying
     ) -> Verdict:
         """The failed verdict of a call that failed after its retries.
@@ -623,58 +661,19 @@ class ApplicabilityJudge(BaseJudge):
             kind=failure_kind(error, self.retry or ONE_ATTEMPT),
         )
 
-    # -- the cache and the log: the pure parts shared by the sync and async paths --
+    # -- the cache and the log ---------------------------------------------------------
 
-    def _keys(self, text: str, rules: Sequence[Rule]) -> list[str]:
-        return [self.cache_key(text, rule) for rule in rules]
+    @property
+    def memory(self) -> VerdictMemory | None:
+        """The judge's `cache` and `verdict_log`, keyed and marked by this judge."""
+        if self.cache is None and self.verdict_log is None:
+            return None
+        return VerdictMemory(
+            self.cache, self.verdict_log, self.cache_key, self.log_fields
+        )
 
-    @staticmethod
-    def _hits(
-        rules: Sequence[Rule], stored: Sequence[str | None]
-    ) -> dict[str, Verdict]:
-        return {
-            rule.rule_id: Verdict.model_validate_json(value).model_copy(
-                update={"cached": True, "rule_id": rule.rule_id}
-            )
-            for rule, value in zip(rules, stored, strict=False)
-            if value is not None
-        }
-
-    @staticmethod
-    def _stored(
-        keys: Sequence[str], verdicts: Sequence[Verdict]
-    ) -> list[tuple[str, str]]:
-        # Only successful verdicts: a failed one is judged again next time.
-        return [
-            (key, verdict.model_dump_json())
-            for key, verdict in zip(keys, verdicts, strict=True)
-            if not verdict.failed
-        ]
-
-    def _recall(self, text: str, rules: Sequence[Rule]) -> dict[str, Verdict]:
-        """The cached verdicts of `rules` on `text`, by rule id."""
-        if self.cache is None:
-            return {}
-        return self._hits(rules, self.cache.mget(self._keys(text, rules)))
-
-    async def _arecall(self, text: str, rules: Sequence[Rule]) -> dict[str, Verdict]:
-        if self.cache is None:
-            return {}
-        return self._hits(rules, await self.cache.amget(self._keys(text, rules)))
-
-    def _remember(
-        self, text: str, rules: Sequence[Rule], verdicts: Sequence[Verdict]
-    ) -> None:
-        if self.cache is not None:
-            self.cache.mset(self._stored(self._keys(text, rules), verdicts))
-
-    async def _aremember(
-        self, text: str, rules: Sequence[Rule], verdicts: Sequence[Verdict]
-    ) -> None:
-        if self.cache is not None:
-            await self.cache.amset(self._stored(self._keys(text, rules), verdicts))
-
-    def _log_fields(self, rule: Rule, explore: float | None = None) -> dict[str, Any]:
+    def log_fields(self, rule: Rule, explore: float | None = None) -> dict[str, Any]:
+        """What the verdict log records with a verdict of this judge on `rule`."""
         return {
             "model": self._identity,
             "prompt_version": (
@@ -689,20 +688,17 @@ class ApplicabilityJudge(BaseJudge):
             ),
         }
 
-    def _logged(
-        self, text: str, rule: Rule, verdict: Verdict, explore: float | None = None
-    ) -> Verdict:
-        if self.verdict_log is not None:
-            fields = self._log_fields(rule, explore)
-            self.verdict_log.record(text, rule, verdict, **fields)
-        return verdict
+    def _recalled(self, text: str, rule: Rule) -> Verdict | None:
+        memory = self.memory
+        if memory is None or _fanout.recalled():
+            return None
+        return memory.recall(text, [rule]).get(rule.rule_id)
 
-    async def _alogged(self, text: str, rule: Rule, verdict: Verdict) -> Verdict:
-        if self.verdict_log is not None:
-            await self.verdict_log.arecord(
-                text, rule, verdict, **self._log_fields(rule)
-            )
-        return verdict
+    async def _arecalled(self, text: str, rule: Rule) -> Verdict | None:
+        memory = self.memory
+        if memory is None or _fanout.recalled():
+            return None
+        return (await memory.arecall(text, [rule])).get(rule.rule_id)
 
     # -- the judgment: native async only where it awaits ------------------------------
 
@@ -712,19 +708,20 @@ class ApplicabilityJudge(BaseJudge):
         run_manager: CallbackManagerForChainRun | None,
         config: RunnableConfig,
     ) -> Verdict:
-        text, rule = _unpack(request)
-        if hit := self._recall(text, [rule]):
-            return hit[rule.rule_id]
-        retrying = self._retrying(Retrying)
+        text, rule = unpack_request(request)
+        if (hit := self._recalled(text, rule)) is not None:
+            return hit
+        retrying = self.retrying(Retrying)
         try:
             output = retrying(
-                self._invoke, self.messages(text, rule), config, batch=False
+                self.call_model, self.messages(text, rule), config, batch=False
             )
         except Exception as error:  # noqa: BLE001 - every failure is reported
-            return self._logged(text, rule, self._given_up(rule, error, retrying))
-        verdict = self._read(rule, output)
-        self._remember(text, [rule], [verdict])
-        return self._logged(text, rule, verdict)
+            verdict = self.given_up(rule, error, retrying)
+        else:
+            verdict = self.read(rule, output)
+        memory = self.memory
+        return verdict if memory is None else memory.settle(text, [rule], [verdict])[0]
 
     async def _ajudge(
         self,
@@ -732,20 +729,22 @@ class ApplicabilityJudge(BaseJudge):
         run_manager: AsyncCallbackManagerForChainRun | None,
         config: RunnableConfig,
     ) -> Verdict:
-        text, rule = _unpack(request)
-        if hit := await self._arecall(text, [rule]):
-            return hit[rule.rule_id]
-        retrying = self._retrying(AsyncRetrying)
+        text, rule = unpack_request(request)
+        if (hit := await self._arecalled(text, rule)) is not None:
+            return hit
+        retrying = self.retrying(AsyncRetrying)
         try:
             output: Any = await retrying(
-                self._ainvoke, self.messages(text, rule), config, batch=False
+                self.acall_model, self.messages(text, rule), config, batch=False
             )
         except Exception as error:  # noqa: BLE001 - every failure is reported
-            failed = self._given_up(rule, error, retrying)
-            return await self._alogged(text, rule, failed)
-        verdict = self._read(rule, output)
-        await self._aremember(text, [rule], [verdict])
-        return await self._alogged(text, rule, verdict)
+            verdict = self.given_up(rule, error, retrying)
+        else:
+            verdict = self.read(rule, output)
+        memory = self.memory
+        if memory is None:
+            return verdict
+        return (await memory.asettle(text, [rule], [verdict]))[0]
 
     # -- several rules per call (`batched`) -------------------------------------------
 

@@ -155,6 +155,7 @@ LAYERS = [
     {"extraction", "matching", "execution"},
     {"learning", "batch"},
     {"engine"},
+    {"settings"},
     {"retrievers", "query_graph", "middleware", "bulk"},
     {"baselines", "evaluation", "demo", "cli", "local_model"},
 ]
