@@ -429,15 +429,39 @@ class MatchEngine:
         """The plan's candidates grouped by model call (one rule each by default)."""
         return [list(unit) for unit in self.judge.call_units(plan.candidates)]
 
+    def recall(self, plan: MatchPlan) -> list[Verdict]:
+        """The plan's candidates' cached verdicts, in rule order: one lookup.
+
+        A face that judges a plan in several parts (the query graph's tasks) reads
+        the cache once here, then judges only the others (`recalled=True`).
+        """
+        memory = self.judge.memory
+        if memory is None or not plan.candidates:
+            return []
+        known = memory.recall(plan.query, plan.candidates)
+        return [known[r.rule_id] for r in plan.candidates if r.rule_id in known]
+
+    async def arecall(self, plan: MatchPlan) -> list[Verdict]:
+        """Async `recall`."""
+        memory = self.judge.memory
+        if memory is None or not plan.candidates:
+            return []
+        known = await memory.arecall(plan.query, plan.candidates)
+        return [known[r.rule_id] for r in plan.candidates if r.rule_id in known]
+
     def judge_rules(
         self,
         plan: MatchPlan,
         config: RunnableConfig | None = None,
         rules: Sequence[Rule] | None = None,
+        *,
+        recalled: bool = False,
     ) -> list[Verdict]:
         """Judge the plan's candidates (or `rules`, some of them) against its input.
 
         Under the engine's concurrency bound, narrowed by `config["max_concurrency"]`.
+        The cache is read once for all of them (one `mget`) and only the others
+        are judged; `recalled=True`: the caller has read it (`recall`).
         """
         return self.judge.judge_rules(
             plan.query,
@@ -446,6 +470,7 @@ class MatchEngine:
             limiter=self._limiter(config),
             explored=plan.explored,
             warn=False,  # once per retrieval, in `result`
+            recalled=recalled,
         )
 
     async def ajudge_rules(
@@ -453,6 +478,8 @@ class MatchEngine:
         plan: MatchPlan,
         config: RunnableConfig | None = None,
         rules: Sequence[Rule] | None = None,
+        *,
+        recalled: bool = False,
     ) -> list[Verdict]:
         """Async `judge_rules`."""
         return await self.judge.ajudge_rules(
@@ -462,6 +489,7 @@ class MatchEngine:
             limiter=self._limiter(config),
             explored=plan.explored,
             warn=False,  # once per retrieval, in `result`
+            recalled=recalled,
         )
 
     def result(

@@ -29,7 +29,6 @@ from langchain.agents.middleware import (
 )
 from langchain.agents.middleware.human_in_the_loop import ActionRequest
 from langchain.agents.middleware.types import ModelCallResult, OmitFromInput
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_config
@@ -50,6 +49,7 @@ from langchain_tag.execution.templates import format_actions
 from langchain_tag.matching import Verdict
 from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.rules import Rulebook
+from langchain_tag.settings import JudgeModel
 
 __all__ = [
     "GUIDANCE_INTRO",
@@ -155,7 +155,9 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
         retriever: The retriever whose engine and options judge; or give
             `rulebook` (and `llm` or `judge`, ...) to build one.
         rulebook: A `Rulebook` or the path of a rulebook file.
-        llm: The judging model, with `rulebook` (default: from the environment).
+        llm: The judge model, with `rulebook`: a chat model, a decision model
+            (`BaseDecisionModel`: every rule of the message as one question of
+            one request) or a model string (default: from the environment).
         history: Earlier human and AI messages shown to the judge as context for
             the newest human message (0: the message alone). The judge's prompt
             tells which part is the message to judge and which is context.
@@ -176,7 +178,7 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
         retriever: TAGRetriever | None = None,
         *,
         rulebook: Rulebook | str | os.PathLike[str] | None = None,
-        llm: BaseChatModel | None = None,
+        llm: JudgeModel | None = None,
         history: int = 0,
         review_band: tuple[float, float] | None = None,
         guidance_intro: str = GUIDANCE_INTRO,
@@ -310,7 +312,11 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
         )
         if turn["review"]:  # the selection waits for the person (before_model)
             return {"tag": turn}
-        return self._selected(turn, result.verdicts)
+        # The engine's selection, as it returned it.
+        by_rule = {v.rule_id: v for v in result.verdicts}
+        return self._selected(
+            turn, [by_rule[str(d.metadata["rule_id"])] for d in result.documents]
+        )
 
     def _uncertain(self, verdicts: Sequence[Verdict]) -> list[str]:
         if self.review_band is None:
@@ -322,19 +328,14 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
             if v.failed or (v.score is not None and low <= v.score <= high)
         ]
 
-    def _selected(self, turn: TAGTurn, verdicts: Sequence[Verdict]) -> dict[str, Any]:
+    def _selected(self, turn: TAGTurn, kept: Sequence[Verdict]) -> dict[str, Any]:
         """The state update: `turn` with its matches, and the thread's applied rules.
 
-        Selects as the engine does (`k`, `score_threshold`), from all verdicts.
+        Args:
+            turn: This turn's matching.
+            kept: The verdicts selected, best first.
         """
-        options = self.retriever.options()
         rulebook = self.retriever.rulebook
-        kept = select_applicable(
-            verdicts,
-            [v.rule_id for v in verdicts],
-            k=options.k,
-            threshold=options.score_threshold,
-        )
         previous = turn["previous"]
         matched = [
             TAGMatch(
@@ -401,7 +402,15 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
                 "reviewed": list(turn["review"]),
             }
         )
-        return self._selected(done, reviewed)
+        # The engine's selection (`k`, `score_threshold`) of the reviewed verdicts.
+        options = self.retriever.options()
+        kept = select_applicable(
+            reviewed,
+            [v.rule_id for v in reviewed],
+            k=options.k,
+            threshold=options.score_threshold,
+        )
+        return self._selected(done, kept)
 
     async def abefore_model(
         self, state: TAGAgentState, runtime: Runtime[Any]

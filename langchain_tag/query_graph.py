@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import threading
 import time
 import uuid
@@ -27,6 +28,7 @@ from typing import Annotated, Any, Literal, TypeVar, cast
 
 from langchain.agents.middleware.human_in_the_loop import ActionRequest
 from langchain_core.callbacks import dispatch_custom_event
+from langchain_core.decisions import BaseDecisionModel
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
 from langchain_core.retrievers import BaseRetriever
@@ -70,7 +72,6 @@ from langchain_tag.learning.shadow import check_rate
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     NBA_PROFILE,
-    ApplicabilityJudge,
     BaseJudge,
     RuleSchemaProfile,
     Verdict,
@@ -80,6 +81,11 @@ from langchain_tag.matching.profiles import schema_profile
 from langchain_tag.models import CallRetry, default_chat_model, with_settings
 from langchain_tag.rule_schemas import RuleSchema, rule_schema
 from langchain_tag.rules import Rule, Rulebook
+from langchain_tag.settings import (
+    DECISION_MODEL_ENV_VAR,
+    MatchSettings,
+    decision_model,
+)
 from langchain_tag.usage import TokenUsage, UsageCounter
 
 __all__ = [
@@ -122,14 +128,16 @@ class QueryContext:
 
     __pydantic_config__ = ConfigDict(arbitrary_types_allowed=True)
 
-    judge_model: SkipJsonSchema[BaseChatModel | None] = None
-    """The applicability judge; None uses `default_chat_model()`."""
+    judge_model: SkipJsonSchema[BaseChatModel | BaseDecisionModel | None] = None
+    """The judge model: a chat model or a decision model (`BaseDecisionModel`);
+    None uses the environment's (`TAG_DECISION_MODEL`, else `default_chat_model`)."""
     judge: SkipJsonSchema[BaseJudge | None] = None
     """A ready judge (e.g. a `CascadeJudge`) instead of one made from `judge_model`,
     `logprobs`, `profile`, `rules_per_call`, `verdict_log` and `on_error`. It
     retries by the graph's `retry` in place of its own."""
     executor_model: SkipJsonSchema[BaseChatModel | None] = None
-    """The executor; None uses the judge's model."""
+    """The executor; None uses the judge's model when it is a chat model, else
+    `default_chat_model()`."""
     k: int | None = None
     """Execute with at most this many matched rules (best scores first)."""
     score_threshold: float | None = None
@@ -148,6 +156,10 @@ class QueryContext:
     """Where the judge built here logs every judgment it makes."""
     rules_per_call: int = 1
     """Rules judged in one model call by the judge built here (1 is the method)."""
+    questions_per_request: int = 200
+    """With a decision model: rules asked in one request at most."""
+    decision_threshold: float = 0.5
+    """With a decision model: a rule applies when its probability reaches this."""
     max_concurrency: int | None = 8
     """Judgments in flight at most, across the runs sharing this context."""
     logprobs: bool = False
@@ -205,45 +217,59 @@ class QueryContext:
             return named(self.profile, PROFILES, "profile")
         return CONDITION_PROFILE if schema is None else schema_profile(schema)
 
+    def settings(self) -> MatchSettings:
+        """These options as the engine takes them (`MatchSettings`, checked).
+
+        Judgments are cached by the graph's node cache, if any: the judge built
+        here keeps no cache of its own.
+        """
+        judge_options: dict[str, Any] = (
+            {}
+            if self.judge is not None
+            else {
+                "llm": self.judge_model or _environment_judge_model(),
+                "cache": None,
+                "verdict_log": self.verdict_log,
+                "rules_per_call": self.rules_per_call,
+                "questions_per_request": self.questions_per_request,
+                "decision_threshold": self.decision_threshold,
+                "on_error": self.on_error,
+                "logprobs": self.logprobs,
+                "rationale": self.rationale,
+            }
+        )
+        return MatchSettings(
+            judge=self.judge,
+            k=self.k,
+            score_threshold=self.score_threshold,
+            filter=self.filter,
+            prefilter=self.prefilter,
+            explore=self.explore,
+            retrain_every=self.retrain_every,
+            max_concurrency=self.max_concurrency,
+            **judge_options,
+        )
+
     def engine(
         self, retry: CallRetry, profile: RuleSchemaProfile = CONDITION_PROFILE
     ) -> MatchEngine:
         """The engine of the runs with this context and profile, built on first use.
 
         Building a judge costs a model copy and a structured-output wrapper (about
-        a millisecond with ChatOpenAI), too much to repeat for every rule.
+        a millisecond with ChatOpenAI), too much to repeat for every rule. The
+        judge's retries are the match nodes' only layer (they honour the
+        provider's Retry-After, which LangGraph's node retry policy cannot): a
+        judge passed in gets the graph's retries in place of its own.
         """
         engines: dict[tuple[CallRetry, RuleSchemaProfile], MatchEngine]
         engines = self.__dict__["_engines"]
         with self.__dict__["_lock"]:
             engine = engines.get((retry, profile))
             if engine is None:
-                engine = engines[retry, profile] = MatchEngine(
-                    self._build_judge(retry, profile),
-                    prefilter=self.prefilter,
-                    explore=self.explore,
-                    retrain_every=self.retrain_every,
-                    max_concurrency=self.max_concurrency,
+                engine = engines[retry, profile] = self.settings().build_engine(
+                    profile, retry
                 )
             return engine
-
-    def _build_judge(self, retry: CallRetry, profile: RuleSchemaProfile) -> BaseJudge:
-        # The judge's retries are the match nodes' only layer (they honour the
-        # provider's Retry-After, which LangGraph's node retry policy cannot): a
-        # judge passed in gets the graph's retries in place of its own.
-        if self.judge is not None:
-            return self.judge.with_call_retry(retry)
-        return ApplicabilityJudge(
-            llm=self.judge_model or _environment_model(),
-            profile=profile,
-            logprobs=self.logprobs,
-            rationale=self.rationale,
-            retry=retry,
-            on_error=self.on_error,
-            rules_per_call=self.rules_per_call,
-            verdict_log=self.verdict_log,
-            cache=None,  # judgments are cached by the graph's node cache, if any
-        )
 
 
 class QueryInput(TypedDict):
@@ -391,6 +417,17 @@ def _environment_model() -> BaseChatModel:
     return default_chat_model()
 
 
+def _environment_judge_model() -> BaseChatModel | BaseDecisionModel:
+    # The environment's decision model when it names one, else its chat model.
+    name = os.environ.get(DECISION_MODEL_ENV_VAR) or None
+    return _environment_model() if name is None else _decision_model(name)
+
+
+@functools.cache
+def _decision_model(name: str) -> BaseDecisionModel:
+    return decision_model(name)
+
+
 _DEFAULT_RETRY = CallRetry()
 
 _NamedT = TypeVar("_NamedT")
@@ -407,9 +444,12 @@ def named(value: str | _NamedT, table: Mapping[str, _NamedT], kind: str) -> _Nam
 
 
 def _executor(context: QueryContext) -> ActionOnlyExecutor:
+    judge_model = (
+        context.judge_model if isinstance(context.judge_model, BaseChatModel) else None
+    )
     llm = (
         context.executor_model
-        or context.judge_model
+        or judge_model
         or (context.judge.final_llm if context.judge is not None else None)
         or _environment_model()
     )
@@ -510,9 +550,13 @@ def _extraction(state: QueryState) -> tuple[ExtractionInput, ExtractionSettings]
         "documents": as_documents(state.get("documents") or []),
         "domain": context.domain,
     }
-    return inputs, ExtractionSettings(
-        llm=context.judge_model, rule_schema=context.rule_schema
+    # A decision model judges only: extraction writes with the executor's model.
+    extractor = (
+        context.judge_model
+        if isinstance(context.judge_model, BaseChatModel)
+        else context.executor_model
     )
+    return inputs, ExtractionSettings(llm=extractor, rule_schema=context.rule_schema)
 
 
 def _extracted(output: dict[str, Any]) -> dict[str, Any]:
@@ -713,7 +757,9 @@ def plan(
     context = _context(default)
     engine = _engine(state, context, retry)
     rules = _rules(state)
-    return {"plan": engine.plan(_query(state), rules, context.options(), config)}
+    planned = engine.plan(_query(state), rules, context.options(), config)
+    # The cache is read once for the whole plan; the tasks judge only the rest.
+    return {"plan": planned, "verdicts": engine.recall(planned)}
 
 
 async def aplan(
@@ -724,7 +770,8 @@ async def aplan(
     engine = _engine(state, context, retry)
     rules = _rules(state)
     options = context.options()
-    return {"plan": await engine.aplan(_query(state), rules, options, config)}
+    planned = await engine.aplan(_query(state), rules, options, config)
+    return {"plan": planned, "verdicts": await engine.arecall(planned)}
 
 
 class MatchRequest(TypedDict):
@@ -747,9 +794,17 @@ def _request(request: MatchRequest) -> tuple[MatchPlan, list[Rule]]:
 def to_matches(
     state: QueryState, retry: CallRetry, default: QueryContext
 ) -> list[Send] | str:
-    """One `match_rule` task per model call of the plan."""
+    """One `match_rule` task per model call of the plan's rules not yet judged.
+
+    The rules `plan` found in the cache are in the state already: a fully cached
+    query goes straight to `execute`.
+    """
     planned = _plan(state)
-    if not planned.candidates:
+    known = {Verdict.model_validate(v).rule_id for v in state.get("verdicts", [])}
+    todo = planned.model_copy(
+        update={"candidates": [r for r in planned.candidates if r.rule_id not in known]}
+    )
+    if not todo.candidates:
         return "execute"
     engine = _engine(state, _context(default), retry)
     # The plan goes without its candidates: each task carries its own rules.
@@ -767,7 +822,7 @@ def to_matches(
                 "rule_schema": state.get("rule_schema"),
             },
         )
-        for unit in engine.call_units(planned)
+        for unit in engine.call_units(todo)
     ]
 
 
@@ -786,7 +841,8 @@ def match_rule(
     engine = _engine(request, _context(default), retry)
     planned, rules = _request(request)
     counter = UsageCounter()
-    verdicts = engine.judge_rules(planned, counter.watch(config), rules)
+    # `plan` read the cache for every rule: only misses come here.
+    verdicts = engine.judge_rules(planned, counter.watch(config), rules, recalled=True)
     return {"verdicts": verdicts, "judging_usage": [_marked(request, counter)]}
 
 
@@ -800,7 +856,9 @@ async def amatch_rule(
     engine = _engine(request, _context(default), retry)
     planned, rules = _request(request)
     counter = UsageCounter()
-    verdicts = await engine.ajudge_rules(planned, counter.watch(config), rules)
+    verdicts = await engine.ajudge_rules(
+        planned, counter.watch(config), rules, recalled=True
+    )
     return {"verdicts": verdicts, "judging_usage": [_marked(request, counter)]}
 
 

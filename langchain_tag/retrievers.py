@@ -15,7 +15,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.callbacks import (
     AsyncCallbackManager,
@@ -29,7 +29,7 @@ from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig, ensure_config
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr
 
 from langchain_tag._text import check_text
 from langchain_tag.engine import (
@@ -37,12 +37,11 @@ from langchain_tag.engine import (
     MatchEngine,
     MatchOptions,
     MatchResult,
-    RuleFilter,
 )
-from langchain_tag.matching import ApplicabilityJudge, BaseJudge
-from langchain_tag.matching.profiles import CONDITION_PROFILE, profile_for
-from langchain_tag.models import default_chat_model
+from langchain_tag.matching import BaseJudge
+from langchain_tag.matching.profiles import profile_for
 from langchain_tag.rules import Rulebook
+from langchain_tag.settings import JudgeModel, MatchSettings
 
 __all__ = ["TAGRetriever", "reassemble_chunks"]
 
@@ -51,18 +50,7 @@ logger = logging.getLogger(__name__)
 _PER_CALL = ("k", "filter", "score_threshold")
 
 
-def _judge_from_llm(data: dict[str, Any]) -> ApplicabilityJudge:
-    # Judged by the rulebook's own rule schema (the condition profile by default).
-    rulebook = data.get("rulebook")
-    return ApplicabilityJudge(
-        llm=data.get("llm") or default_chat_model(),
-        profile=profile_for(rulebook)
-        if isinstance(rulebook, Rulebook)
-        else CONDITION_PROFILE,
-    )
-
-
-class TAGRetriever(BaseRetriever):
+class TAGRetriever(BaseRetriever, MatchSettings):
     """Retrieve the rules whose condition the query satisfies.
 
     Each candidate rule gets one applicability judgment; the rules judged applicable
@@ -96,51 +84,22 @@ class TAGRetriever(BaseRetriever):
     is in the `tag_match` custom event of the run (and in `match(...).reason`).
     """
 
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
     rulebook: Rulebook
     """The rules to retrieve from."""
-    llm: BaseChatModel | None = Field(default=None, exclude=True)
-    """The judging chat model, when no `judge` is given (default: from the
-    environment, see `default_chat_model`)."""
-    judge: BaseJudge = Field(default_factory=_judge_from_llm)
-    """Judges each (query, rule) pair; built from `llm` when not given."""
-    k: int | None = Field(default=None, ge=0)
-    """Return at most this many rules; None returns every applicable rule."""
-    score_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
-    """Drop applicable rules scoring below this (a rule without a score counts 1.0)."""
-    max_concurrency: int | None = Field(default=8, ge=1)
-    """In-flight judgments at most, across concurrent calls of this retriever."""
-    filter: RuleFilter | None = None
-    """Judge only rules passing this filter (see `langchain_tag.engine.rule_passes`);
-    a key that is no Rule field and in no rule's metadata is refused."""
-    prefilter: BaseRetriever | None = None
-    """Shortlists candidate rules before judging; its documents name rules by
-    `metadata["rule_id"]` or `id`. None judges every rule, as in the paper. A
-    prefilter with `partition(text, candidates)` returning (judged ids, skipped
-    ids), as `LearnedPrefilter` has, also says which rules it skipped, for shadow
-    judging; rules it does not know are always judged."""
-    explore: float = Field(default=0.05, ge=0.0, le=1.0)
-    """With a prefilter that says what it skipped: the share of skipped (input,
-    rule) pairs judged anyway, in the same concurrency budget. Labels keep coming
-    for skipped rules, and `MatchResult.recall_estimate` tracks the prefilter's
-    recall live; a YES among them is returned (and counted as a miss)."""
-    retrain_every: int | None = Field(default=None, ge=1)
-    """With a `LearnedPrefilter` and a judge keeping a `verdict_log`: train the
-    prefilter again from the log once this many new verdicts are logged, in a
-    background thread (no retrieval waits for it)."""
+    judge: BaseJudge = Field(default=None)  # type: ignore[assignment]
+    """Judges each (query, rule) pair; built from `llm` and the other options
+    (`MatchSettings`) by the rulebook's rule schema when not given."""
 
     _engine: MatchEngine | None = PrivateAttr(default=None)
     _engine_of: tuple[Any, ...] = PrivateAttr(default=())
     _engine_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _llm_or_judge(cls, data: Any) -> Any:
-        if isinstance(data, dict) and None not in (data.get("llm"), data.get("judge")):
-            msg = "Pass either llm= or judge=, not both (the judge has its own llm)."
-            raise ValueError(msg)
-        return data
-
     def model_post_init(self, context: Any, /) -> None:  # noqa: D102
+        # None until built here: the field's type is what users read after.
+        if cast("BaseJudge | None", self.judge) is None:
+            self.judge = self.build_judge(profile_for(self.rulebook))
         _ = self.engine  # a bad combination of options fails here, not at use
 
     @property
@@ -161,13 +120,7 @@ class TAGRetriever(BaseRetriever):
         )
         with self._engine_lock:
             if self._engine is None or settings != self._engine_of:
-                self._engine = MatchEngine(
-                    self.judge,
-                    prefilter=self.prefilter,
-                    explore=self.explore,
-                    retrain_every=self.retrain_every,
-                    max_concurrency=self.max_concurrency,
-                )
+                self._engine = self.build_engine(judge=self.judge)
                 self._engine_of = settings
             return self._engine
 
@@ -175,17 +128,18 @@ class TAGRetriever(BaseRetriever):
     def from_rulebook(
         cls,
         rulebook: Rulebook | str | os.PathLike[str],
-        llm: BaseChatModel | None = None,
+        llm: JudgeModel | None = None,
         **kwargs: Any,
     ) -> TAGRetriever:
         """Build a retriever over a rulebook object or file.
 
         Args:
             rulebook: A `Rulebook`, or the path of a rulebook JSON file.
-            llm: The judging chat model; default from the environment (see
-                `default_chat_model`). Ignored if `judge=` is passed.
-            **kwargs: Other fields (`k`, `score_threshold`, `max_concurrency`,
-                `filter`, `prefilter`, `judge`, ...).
+            llm: The judge model: a chat model, a decision model, or a model
+                string; default from the environment (`default_judge_model`).
+                Ignored if `judge=` is passed.
+            **kwargs: Other options (`MatchSettings`: `k`, `score_threshold`,
+                `filter`, `prefilter`, `cache`, `max_concurrency`, `judge`, ...).
         """
         if not isinstance(rulebook, Rulebook):
             rulebook = Rulebook.load(rulebook)
@@ -197,7 +151,7 @@ class TAGRetriever(BaseRetriever):
     def from_documents(
         cls,
         documents: Iterable[Document | str | os.PathLike[str]],
-        llm: BaseChatModel | None = None,
+        llm: JudgeModel | None = None,
         *,
         rulebook_path: str | os.PathLike[str] | None = None,
         domain: str = "instruction",
@@ -220,6 +174,8 @@ class TAGRetriever(BaseRetriever):
                 (`pathlib.Path`) of PDF, HTML, DOCX or text files, loaded once
                 by `load_document`.
             llm: The model for extraction and judging; default from the environment.
+                A decision model judges only: extraction then uses the
+                environment's chat model (`default_chat_model`).
             rulebook_path: Where to keep the rulebook (saved atomically); see above.
             domain: What the documents govern, for the extraction prompts.
             extraction: Other `extract_rules` arguments (`checkpoint`,
@@ -262,7 +218,10 @@ class TAGRetriever(BaseRetriever):
                 path,
                 changed,
             )
-        rulebook = extract_rules(docs, llm=llm, domain=domain, **dict(extraction or {}))
+        extractor = llm if isinstance(llm, BaseChatModel) else None
+        rulebook = extract_rules(
+            docs, llm=extractor, domain=domain, **dict(extraction or {})
+        )
         if path is not None:
             rulebook.save(path)
         return cls.from_rulebook(rulebook, llm=llm, **kwargs)
@@ -271,7 +230,7 @@ class TAGRetriever(BaseRetriever):
     def from_vectorstore(
         cls,
         vectorstore: Any,
-        llm: BaseChatModel | None = None,
+        llm: JudgeModel | None = None,
         **kwargs: Any,
     ) -> TAGRetriever:
         """Extract rules from the documents already stored in a Chroma collection.

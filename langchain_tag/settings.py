@@ -1,9 +1,9 @@
 """`MatchSettings`: the matching engine's options, declared once, for every face.
 
 `TAGRetriever`, the query graph's `QueryContext`, `TAGMiddleware` and `tag run` all
-take these options under these names, and build their engine here
-(`MatchSettings.engine`), so an option means the same in each, and a misspelt one is
-refused with the list of known ones instead of being ignored.
+take these options under these names and build their engine here
+(`MatchSettings.build_engine`), so an option means the same in each, and a
+misspelt one is refused with the list of known ones instead of being ignored.
 
 The judge model may be a chat model (one judgment per call, or `rules_per_call` per
 call), a decision model (`langchain_core.decisions.BaseDecisionModel`: every
@@ -38,6 +38,7 @@ __all__ = [
     "JudgeModel",
     "MatchSettings",
     "build_judge",
+    "decision_model",
     "default_judge_model",
     "refuse_unknown",
 ]
@@ -184,13 +185,28 @@ def refuse_unknown(given: object, known: set[str], owner: str) -> None:
     raise ValueError(msg)
 
 
+_JUDGE_OPTIONS = frozenset(
+    {
+        "cache",
+        "verdict_log",
+        "rules_per_call",
+        "questions_per_request",
+        "decision_threshold",
+        "on_error",
+        "logprobs",
+        "rationale",
+    }
+)
+"""The options that build a judge from `llm`; a ready `judge` has its own."""
+
+
 class MatchSettings(BaseModel):
     """The matching engine's options, under the same names in every face.
 
     Example:
         ```python
         settings = MatchSettings(llm=OpenAIClassifier(model="gpt-6-luna"), k=5)
-        engine = settings.engine(profile_for(rulebook))
+        engine = settings.build_engine(profile_for(rulebook))
         engine.match(text, rulebook.rules, settings.options())
         ```
     """
@@ -248,14 +264,26 @@ class MatchSettings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _known_options(cls, data: Any) -> Any:
+        # On what the caller gave: a face may fill `judge` in after validation.
         refuse_unknown(data, set(cls.model_fields), cls.__name__)
+        if isinstance(data, dict) and data.get("judge") is not None:
+            if data.get("llm") is not None:
+                msg = (
+                    "Pass either llm= or judge=, not both (the judge has its own "
+                    "model)."
+                )
+                raise ValueError(msg)
+            mine = sorted(data.keys() & _JUDGE_OPTIONS)
+            if mine:
+                msg = (
+                    f"{', '.join(mine)} build the judge from llm=; with judge= set "
+                    "them on that judge (it keeps its own cache, log and options)."
+                )
+                raise ValueError(msg)
         return data
 
     @model_validator(mode="after")
     def _consistent(self) -> MatchSettings:
-        if self.llm is not None and self.judge is not None:
-            msg = "Pass either llm= or judge=, not both (the judge has its own model)."
-            raise ValueError(msg)
         check_rate(self.explore)
         return self
 
@@ -285,7 +313,7 @@ class MatchSettings(BaseModel):
             rationale=self.rationale,
         )
 
-    def engine(
+    def build_engine(
         self,
         profile: RuleSchemaProfile = CONDITION_PROFILE,
         retry: CallRetry | None = None,

@@ -269,45 +269,50 @@ def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
     from langchain_tag.bulk import BulkJob  # noqa: PLC0415
     from langchain_tag.cache import open_verdict_cache  # noqa: PLC0415
     from langchain_tag.cli._models import model_from  # noqa: PLC0415
-    from langchain_tag.engine import MatchEngine, MatchOptions  # noqa: PLC0415
+    from langchain_tag.cli.run import decision_options  # noqa: PLC0415
+    from langchain_tag.engine import MatchOptions  # noqa: PLC0415
     from langchain_tag.execution import ActionOnlyExecutor  # noqa: PLC0415
     from langchain_tag.learning import LearnedPrefilter  # noqa: PLC0415
     from langchain_tag.learning.verdict_log import open_verdict_log  # noqa: PLC0415
-    from langchain_tag.matching import ApplicabilityJudge  # noqa: PLC0415
     from langchain_tag.matching.profiles import profile_for  # noqa: PLC0415
     from langchain_tag.models import with_settings  # noqa: PLC0415
     from langchain_tag.query_graph import PROFILES, TEMPLATES, named  # noqa: PLC0415
+    from langchain_tag.settings import MatchSettings  # noqa: PLC0415
 
-    llm = model_from(args)
-    cache = open_verdict_cache(args.cache or f"{out}.cache.sqlite")
-    log = None if args.verdict_log is None else open_verdict_log(args.verdict_log)
-    judge = ApplicabilityJudge(
-        llm=llm,
-        profile=named(args.profile, PROFILES, "profile")
-        if args.profile
-        else profile_for(rulebook),
-        logprobs=args.logprobs,
-        rules_per_call=args.rules_per_call,
-        on_error=args.on_error,
-        cache=cache,
-        verdict_log=log,
-    )
+    decision = decision_options(args)
+    # A decision model judges; the executor is the chat model (none: match only).
+    llm = None if args.match_only and decision else model_from(args)
     prefilter = None
     if args.learned_prefilter is not None:
         extra = (
             {} if args.target_recall is None else {"target_recall": args.target_recall}
         )
         prefilter = LearnedPrefilter.load(args.learned_prefilter, rulebook, **extra)
-    engine = MatchEngine(
-        judge,
+    settings = MatchSettings(
+        llm=decision.get("llm", llm),
+        cache=open_verdict_cache(args.cache or f"{out}.cache.sqlite"),
+        verdict_log=(
+            None if args.verdict_log is None else open_verdict_log(args.verdict_log)
+        ),
+        rules_per_call=args.rules_per_call,
+        questions_per_request=decision.get("questions_per_request", 200),
+        decision_threshold=decision.get("decision_threshold", 0.5),
+        on_error=args.on_error,
+        logprobs=args.logprobs,
         prefilter=prefilter,
         explore=0.05 if args.explore is None else args.explore,
         retrain_every=args.retrain_every,
         max_concurrency=args.max_concurrency,
     )
+    profile = (
+        named(args.profile, PROFILES, "profile")
+        if args.profile
+        else profile_for(rulebook)
+    )
+    engine = settings.build_engine(profile)
     executor = (
         None
-        if args.match_only
+        if args.match_only or llm is None
         # The job's retries are the one layer: the client's own would multiply them.
         else ActionOnlyExecutor(
             llm=with_settings(llm, max_retries=0)[0],
@@ -335,9 +340,17 @@ def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
         batch_settings=batch_settings,
         batch_progress=_batch_progress,
         settings={
-            "profile": judge.profile.name,
+            "profile": profile.name,
             "rules_per_call": args.rules_per_call,
             "logprobs": args.logprobs,
+            **(
+                {}
+                if not decision
+                else {
+                    "questions_per_request": settings.questions_per_request,
+                    "decision_threshold": settings.decision_threshold,
+                }
+            ),
             "learned_prefilter": (
                 None
                 if args.learned_prefilter is None

@@ -81,8 +81,84 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="OpenAI service tier (else $TAG_SERVICE_TIER); flex: batch prices, "
         "slower, and 'resource unavailable' retried patiently",
     )
+    add_decision_arguments(run)
     bulk.add_arguments(run)
     run.set_defaults(handler=run_command)
+
+
+def add_decision_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that judge with a decision model (`tag run`, `tag eval`)."""
+    group = parser.add_argument_group(
+        "decision model",
+        "Judge with a decision model instead of a chat model: every rule of an "
+        "input is one yes/no question of one request, answered with a probability "
+        "(the verdict's score) and no text.",
+    )
+    group.add_argument(
+        "--decision-model",
+        metavar="NAME",
+        help="OpenAI Decisions API model (e.g. gpt-6-luna), from OPENAI_API_KEY and "
+        "OPENAI_BASE_URL; --model still names the executor's chat model",
+    )
+    group.add_argument(
+        "--questions-per-request",
+        type=at_least(1),
+        help="with --decision-model: rules asked in one request at most (default 200)",
+    )
+    group.add_argument(
+        "--decision-threshold",
+        type=probability,
+        help="with --decision-model: a rule applies when its probability reaches "
+        "this (default 0.5)",
+    )
+
+
+def decision_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The judge options of `--decision-model`, checked; {} without it.
+
+    Raises:
+        CommandError: A decision option without `--decision-model`, or a chat-only
+            option with it.
+    """
+    name = args.decision_model
+    given = [
+        option
+        for option, value in (
+            ("--questions-per-request", args.questions_per_request),
+            ("--decision-threshold", args.decision_threshold),
+        )
+        if value is not None
+    ]
+    if name is None:
+        if given:
+            msg = f"{', '.join(given)}: options of --decision-model NAME."
+            raise CommandError(msg)
+        return {}
+    chat_only = [
+        option
+        for option, value in (
+            ("--logprobs", getattr(args, "logprobs", False)),
+            ("--rules-per-call", (getattr(args, "rules_per_call", 1) or 1) > 1),
+            ("--via batch", getattr(args, "via", None) == "batch"),
+        )
+        if value
+    ]
+    if chat_only:
+        msg = (
+            f"{', '.join(chat_only)} judge with a chat model; --decision-model "
+            "answers every rule of an input in one request, with a probability each "
+            "(use --questions-per-request and --decision-threshold)."
+        )
+        raise CommandError(msg)
+    from langchain_tag.settings import decision_model  # noqa: PLC0415
+
+    return {
+        "llm": decision_model(name),
+        "questions_per_request": args.questions_per_request or 200,
+        "decision_threshold": (
+            0.5 if args.decision_threshold is None else args.decision_threshold
+        ),
+    }
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -127,6 +203,7 @@ def run_command(args: argparse.Namespace) -> int:
     if not rulebook.rules:
         raise CommandError(no_rules(args.rulebook, rulebook))
     text = _read_input(args.input)
+    decision = decision_options(args)
     llm = model_from(args)
     from langchain_tag.cli._warnings import failed_judgments  # noqa: PLC0415
     from langchain_tag.matching.verdicts import (  # noqa: PLC0415
@@ -144,7 +221,10 @@ def run_command(args: argparse.Namespace) -> int:
                 {"query": text, "rulebook": rulebook.model_dump(mode="json")},
                 counter.watch({"max_concurrency": args.max_concurrency}),
                 context=QueryContext(
-                    judge_model=llm,
+                    judge_model=decision.get("llm", llm),
+                    executor_model=llm,
+                    questions_per_request=decision.get("questions_per_request", 200),
+                    decision_threshold=decision.get("decision_threshold", 0.5),
                     k=args.k,
                     score_threshold=args.score_threshold,
                     logprobs=args.logprobs,

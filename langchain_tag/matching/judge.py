@@ -225,6 +225,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         limiter: ConcurrencyLimiter | None = None,
         explored: Mapping[str, float] | None = None,
         warn: bool = True,
+        recalled: bool = False,
     ) -> list[Verdict]:
         """Judge every rule against `text` in worker threads, in rule order.
 
@@ -246,13 +247,15 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
             warn: Emit `UnreliableMatchWarning` for failed verdicts; a caller that
                 assembles one retrieval from several fan-outs (the query graph's
                 tasks, through `MatchEngine`) warns once itself.
+            recalled: The caller already read the cache for these rules (one
+                lookup for a whole query); none is read here.
         """
         config = ensure_config(config)
         limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
         if not rules:
             return []
         memory = self.memory
-        known = {} if memory is None else memory.recall(text, rules)
+        known = {} if memory is None or recalled else memory.recall(text, rules)
         misses = [rule for rule in rules if rule.rule_id not in known]
         if misses:
             judged = _fanout.in_threads(
@@ -277,6 +280,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         limiter: ConcurrencyLimiter | None = None,
         explored: Mapping[str, float] | None = None,
         warn: bool = True,
+        recalled: bool = False,
     ) -> list[Verdict]:
         """Judge every rule against `text` concurrently, in rule order.
 
@@ -288,7 +292,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         if not rules:
             return []
         memory = self.memory
-        known = {} if memory is None else await memory.arecall(text, rules)
+        known = {} if memory is None or recalled else await memory.arecall(text, rules)
         misses = [rule for rule in rules if rule.rule_id not in known]
         if misses:
             judged = await _fanout.in_tasks(

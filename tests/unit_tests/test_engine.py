@@ -30,7 +30,7 @@ from langchain_tag.learning import (
     LearnedPrefilter,
     SQLiteVerdictLog,
 )
-from langchain_tag.matching import RuleSchemaProfile, UnreliableMatchWarning
+from langchain_tag.matching import UnreliableMatchWarning
 from langchain_tag.models import CallRetry
 from langchain_tag.query_graph import QueryContext, build_query_graph
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
@@ -421,15 +421,13 @@ def test_runs_without_a_context_share_one_engine(
 ) -> None:
     monkeypatch.setattr(query_graph, "_environment_model", RuleAwareFakeChatModel)
     built: list[object] = []
-    real = QueryContext._build_judge
+    real = QueryContext.settings
 
-    def counting(
-        context: QueryContext, retry: CallRetry, profile: RuleSchemaProfile
-    ) -> Any:
+    def counting(context: QueryContext) -> Any:
         built.append(context)
-        return real(context, retry, profile)
+        return real(context)
 
-    monkeypatch.setattr(QueryContext, "_build_judge", counting)
+    monkeypatch.setattr(QueryContext, "settings", counting)
     graph = build_query_graph()
     data = tagged_rulebook().model_dump(mode="json")
     for number in (1, 2):

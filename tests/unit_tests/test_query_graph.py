@@ -40,7 +40,7 @@ from langchain_tag._graph import coerce_context
 from langchain_tag.engine import select_applicable
 from langchain_tag.execution import GENERIC_TEMPLATE, prompts
 from langchain_tag.extraction import build_extraction_graph
-from langchain_tag.matching import RuleSchemaProfile, Verdict, constraint_profile
+from langchain_tag.matching import Verdict, constraint_profile
 from langchain_tag.matching.prompts import read_judge_message
 from langchain_tag.middleware import ReviewNeedsCheckpointerError
 from langchain_tag.models import CallRetry, ModelNotConfiguredError
@@ -215,15 +215,13 @@ def test_one_judge_serves_every_rule_of_a_run(
 ) -> None:
     # A LangGraph server passes the run context as a dict, as `as_dict` does.
     built: list[QueryContext] = []
-    real = QueryContext._build_judge
+    real = QueryContext.settings
 
-    def counting(
-        context: QueryContext, retry: CallRetry, profile: RuleSchemaProfile
-    ) -> Any:
+    def counting(context: QueryContext) -> Any:
         built.append(context)
-        return real(context, retry, profile)
+        return real(context)
 
-    monkeypatch.setattr(QueryContext, "_build_judge", counting)
+    monkeypatch.setattr(QueryContext, "settings", counting)
     graph = build_query_graph()
     for _ in range(2):
         # A server's JSON context is a dict: typed as the context only here.
