@@ -9,11 +9,14 @@ same steps as nodes (`plan`, one `match_rule` task per call unit, `execute`), so
 run in LangGraph Studio shows the fan-out; agent middleware calls `match` too. No
 face selects, judges or ranks a rule on its own, so every option means the same in
 each: `k`, `score_threshold` and `filter` per call (`MatchOptions`); the judge
-(cache, verdict log, `rules_per_call`, `on_error`), the prefilter, `explore`,
-`retrain_every` and `max_concurrency` per engine.
+(cache, verdict log, `rules_per_call` or `questions_per_request`, `on_error`), the
+prefilter, `explore`, `retrain_every` and `max_concurrency` per engine, all declared
+once in `settings.MatchSettings`, where every face builds its engine.
 
-The verdict log is written by the judge as each judgment is made (a cascade logs
-each stage's verdicts); the engine reads it back only to retrain.
+The judge's `VerdictMemory` is read once per query for every candidate (one `mget`);
+only the misses are fanned out, and each backend writes its paid verdicts to the
+cache and the log as it reads them (a cascade logs each stage's verdicts). The
+engine reads the log back only to retrain.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Several rules judged in one model call (`ApplicabilityJudge.rules_per_call > 1`).
+"""Several rules judged in one model call (`BatchingJudge.rules_per_call > 1`).
 
 The input is sent once per call; the action stays withheld. Verdicts are cached
 per (input, rule) as always; a rule the answer leaves out, names twice or decides
@@ -9,7 +9,7 @@ logprob score.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from tenacity import AsyncRetrying, Retrying
@@ -23,11 +23,63 @@ from langchain_tag.matching.verdicts import Verdict
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
 
-    from langchain_tag.matching.judge import ApplicabilityJudge
+    from langchain_tag.matching._fanout import RetryingT
+    from langchain_tag.matching.memory import VerdictMemory
     from langchain_tag.matching.profiles import RuleSchemaProfile
     from langchain_tag.rules import Rule
 
-__all__ = ["ajudge_unit", "batch_messages", "judge_unit", "read_batch", "units"]
+__all__ = [
+    "BatchingJudge",
+    "ajudge_unit",
+    "batch_messages",
+    "judge_unit",
+    "read_batch",
+    "units",
+]
+
+
+class BatchingJudge(Protocol):
+    """What judging several rules in one call uses of a chat judge, publicly.
+
+    `ApplicabilityJudge` is one; naming it here would make an import circle.
+    """
+
+    @property
+    def memory(self) -> VerdictMemory | None:
+        """Where verdicts are cached and logged."""
+
+    @property
+    def asked_profile(self) -> RuleSchemaProfile:
+        """The profile as the model is asked."""
+
+    def judged_fields(self, rule: Rule) -> list[tuple[str, str]]:
+        """What the judge sees of `rule`."""
+
+    def retrying(self, kind: type[RetryingT]) -> RetryingT:
+        """The judge's retry loop."""
+
+    def call_model(
+        self, messages: list[BaseMessage], config: RunnableConfig, *, batch: bool
+    ) -> Any:
+        """One model call, unread."""
+
+    async def acall_model(
+        self, messages: list[BaseMessage], config: RunnableConfig, *, batch: bool
+    ) -> Any:
+        """Async `call_model`."""
+
+    def given_up(
+        self, rule: Rule, error: Exception, retrying: Retrying | AsyncRetrying
+    ) -> Verdict:
+        """The failed verdict of a call that failed after its retries."""
+
+    def judge_pair(self, request: tuple[str, Rule], config: RunnableConfig) -> Verdict:
+        """Judge one pair alone."""
+
+    async def ajudge_pair(
+        self, request: tuple[str, Rule], config: RunnableConfig
+    ) -> Verdict:
+        """Async `judge_pair`."""
 
 
 def units(rules: Sequence[Rule], per_call: int) -> list[Sequence[Rule]]:
@@ -36,7 +88,7 @@ def units(rules: Sequence[Rule], per_call: int) -> list[Sequence[Rule]]:
 
 
 def batch_messages(
-    judge: ApplicabilityJudge, text: str, rules: Sequence[Rule]
+    judge: BatchingJudge, text: str, rules: Sequence[Rule]
 ) -> list[BaseMessage]:
     """The messages that judge several `rules` against `text` in one call."""
     profile = judge.asked_profile
@@ -88,7 +140,7 @@ def read_batch(
 
 
 def _given_up(
-    judge: ApplicabilityJudge,
+    judge: BatchingJudge,
     asked: Sequence[Rule],
     error: Exception,
     retrying: Retrying | AsyncRetrying,
@@ -98,21 +150,21 @@ def _given_up(
 
 
 def _recall(
-    judge: ApplicabilityJudge, text: str, unit: Sequence[Rule]
+    judge: BatchingJudge, text: str, unit: Sequence[Rule]
 ) -> dict[str, Verdict]:
     memory = judge.memory
     return {} if memory is None or recalled() else memory.recall(text, unit)
 
 
 async def _arecall(
-    judge: ApplicabilityJudge, text: str, unit: Sequence[Rule]
+    judge: BatchingJudge, text: str, unit: Sequence[Rule]
 ) -> dict[str, Verdict]:
     memory = judge.memory
     return {} if memory is None or recalled() else await memory.arecall(text, unit)
 
 
 def judge_unit(
-    judge: ApplicabilityJudge, text: str, unit: Sequence[Rule], config: RunnableConfig
+    judge: BatchingJudge, text: str, unit: Sequence[Rule], config: RunnableConfig
 ) -> list[Verdict]:
     """Judge `unit` against `text` in one call (cache hits and leftovers aside)."""
     check_text(text, "The judged input")
@@ -144,7 +196,7 @@ def judge_unit(
 
 
 async def ajudge_unit(
-    judge: ApplicabilityJudge, text: str, unit: Sequence[Rule], config: RunnableConfig
+    judge: BatchingJudge, text: str, unit: Sequence[Rule], config: RunnableConfig
 ) -> list[Verdict]:
     """Async `judge_unit`."""
     check_text(text, "The judged input")
@@ -175,7 +227,7 @@ async def ajudge_unit(
 
 
 def _read(
-    judge: ApplicabilityJudge, asked: Sequence[Rule], output: Any
+    judge: BatchingJudge, asked: Sequence[Rule], output: Any
 ) -> dict[str, Verdict]:
     succeeded()
     return read_batch(judge.asked_profile, asked, output)
