@@ -438,18 +438,16 @@ class MatchEngine:
         A face that judges a plan in several parts (the query graph's tasks) reads
         the cache once here, then judges only the others (`recalled=True`).
         """
-        memory = self.judge.memory
-        if memory is None or not plan.candidates:
+        if not plan.candidates:
             return []
-        known = memory.recall(plan.query, plan.candidates)
+        known = self.judge.recall(plan.query, plan.candidates)
         return [known[r.rule_id] for r in plan.candidates if r.rule_id in known]
 
     async def arecall(self, plan: MatchPlan) -> list[Verdict]:
         """Async `recall`."""
-        memory = self.judge.memory
-        if memory is None or not plan.candidates:
+        if not plan.candidates:
             return []
-        known = await memory.arecall(plan.query, plan.candidates)
+        known = await self.judge.arecall(plan.query, plan.candidates)
         return [known[r.rule_id] for r in plan.candidates if r.rule_id in known]
 
     def judge_rules(

@@ -238,6 +238,50 @@ class CascadeJudge(BaseJudge):
         )
         return hashlib.sha256(payload.encode()).hexdigest()
 
+    def recall(self, text: str, rules: Sequence[Rule]) -> dict[str, Verdict]:
+        """The pairs both stages' caches decide: at most two lookups.
+
+        The cheap stage's verdicts of every rule in one lookup; its confident NOs
+        are final, and the strong stage's verdicts of the rest in a second. A pair
+        either cache lacks is left to the fan-out, which judges it as always.
+        """
+        cheap = self.cheap.recall(text, rules)
+        strong = self.strong.recall(text, self._escalated(rules, cheap))
+        return self._decided(cheap, strong)
+
+    async def arecall(self, text: str, rules: Sequence[Rule]) -> dict[str, Verdict]:
+        """Async `recall`."""
+        cheap = await self.cheap.arecall(text, rules)
+        strong = await self.strong.arecall(text, self._escalated(rules, cheap))
+        return self._decided(cheap, strong)
+
+    def _escalated(
+        self, rules: Sequence[Rule], cheap: dict[str, Verdict]
+    ) -> list[Rule]:
+        return [
+            rule
+            for rule in rules
+            if rule.rule_id in cheap
+            and self.escalation(cheap[rule.rule_id]) is not None
+        ]
+
+    def _decided(
+        self, cheap: dict[str, Verdict], strong: dict[str, Verdict]
+    ) -> dict[str, Verdict]:
+        # Counted as the fan-out counts a judgment; a pair left to it, not here.
+        decided: dict[str, Verdict] = {}
+        for rule_id, verdict in cheap.items():
+            if self.escalation(verdict) is None:
+                final = self._triage(verdict)
+                if final is not None:
+                    decided[rule_id] = final
+            elif rule_id in strong:
+                self._triage(verdict)
+                decided[rule_id] = strong[rule_id].model_copy(
+                    update={"decided_by": "strong"}
+                )
+        return decided
+
     def prefix_share(self, text: str, rules: Sequence[Rule]) -> float:
         """The cheap judge's prompt prefix share: it judges every pair."""
         return self.cheap.prefix_share(text, rules)

@@ -159,6 +159,19 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         """
         return None
 
+    def recall(self, text: str, rules: Sequence[Rule]) -> dict[str, Verdict]:
+        """The cached verdicts of `rules` on `text`, by rule id: one lookup.
+
+        What the fan-outs read before judging the rest; `memory`'s by default.
+        """
+        memory = self.memory
+        return {} if memory is None else memory.recall(text, rules)
+
+    async def arecall(self, text: str, rules: Sequence[Rule]) -> dict[str, Verdict]:
+        """Async `recall`."""
+        memory = self.memory
+        return {} if memory is None else await memory.arecall(text, rules)
+
     def prefix_share(self, text: str, rules: Sequence[Rule]) -> float:
         """Share of prompt characters the judgments of `text` have in common."""
         del text, rules
@@ -254,8 +267,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
         if not rules:
             return []
-        memory = self.memory
-        known = {} if memory is None or recalled else memory.recall(text, rules)
+        known = {} if recalled else self.recall(text, rules)
         misses = [rule for rule in rules if rule.rule_id not in known]
         if misses:
             judged = _fanout.in_threads(
@@ -263,7 +275,8 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
                 self.call_units(misses),
                 limiter,
                 explored or {},
-                recalled=memory is not None,
+                # A judge with a memory of its own knows its misses are misses.
+                recalled=self.memory is not None,
             )
             known.update((v.rule_id, v) for v in judged)
         verdicts = [known[rule.rule_id] for rule in rules]
@@ -291,8 +304,7 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         limiter = limiter or ConcurrencyLimiter(config.get("max_concurrency"))
         if not rules:
             return []
-        memory = self.memory
-        known = {} if memory is None or recalled else await memory.arecall(text, rules)
+        known = {} if recalled else await self.arecall(text, rules)
         misses = [rule for rule in rules if rule.rule_id not in known]
         if misses:
             judged = await _fanout.in_tasks(
@@ -300,7 +312,8 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
                 self.call_units(misses),
                 limiter,
                 explored or {},
-                recalled=memory is not None,
+                # A judge with a memory of its own knows its misses are misses.
+                recalled=self.memory is not None,
             )
             known.update((v.rule_id, v) for v in judged)
         verdicts = [known[rule.rule_id] for rule in rules]

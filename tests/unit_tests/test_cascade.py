@@ -21,6 +21,7 @@ from langchain_tag import (
     TAGRetriever,
     Verdict,
 )
+from langchain_tag.cache import InMemoryVerdictCache
 from langchain_tag.matching import CascadeJudge, CascadeStats, UnreliableMatchWarning
 from langchain_tag.query_graph import QueryContext, build_query_graph
 from langchain_tag.testing import NoisyJudgeFakeChatModel, RuleAwareFakeChatModel
@@ -384,3 +385,44 @@ def test_noisy_fake_errs_at_its_rates_repeatably() -> None:
     assert [reseeded._decide(str(n), fields)[0] for n in range(100)] != [
         answers[n][0] for n in range(100)
     ]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_cached_query_is_two_lookups_and_no_call(
+    pep8_rulebook: Rulebook, *, use_async: bool
+) -> None:
+    lookups: list[str] = []
+
+    class Counted(InMemoryVerdictCache):
+        def mget(self, keys: Any) -> list[str | None]:
+            lookups.append("mget")
+            return super().mget(keys)
+
+        async def amget(self, keys: Any) -> list[str | None]:
+            lookups.append("mget")
+            return super().mget(keys)
+
+    cheap, strong = cheap_model(), RuleAwareFakeChatModel()
+    judge = CascadeJudge(
+        cheap=ApplicabilityJudge(llm=cheap, logprobs=True, cache=Counted()),
+        strong=ApplicabilityJudge(llm=strong, cache=Counted()),
+    )
+    retriever = TAGRetriever(rulebook=pep8_rulebook, judge=judge)
+
+    def match() -> Any:
+        return (
+            asyncio.run(retriever.amatch(QUERY))
+            if use_async
+            else retriever.match(QUERY)
+        )
+
+    first = match()
+    calls = (len(cheap.prompts), len(strong.prompts))
+    judge.reset_stats()
+    lookups.clear()
+    again = match()
+    assert [d.id for d in again.documents] == [d.id for d in first.documents]
+    assert len(lookups) == 2  # the cheap stage's, then the escalated pairs' strong
+    assert (len(cheap.prompts), len(strong.prompts)) == calls
+    assert judge.stats.cheap_calls == len(pep8_rulebook.rules)
+    assert {v.decided_by for v in again.verdicts} == {"cheap", "strong"}

@@ -397,7 +397,7 @@ def test_the_verdict_log_tells_decision_verdicts_apart(tmp_path: Any) -> None:
     records = list(log.records())
     assert len(records) == 3
     assert {r.prompt_version for r in records} == {"decision-v1"}
-    assert all("fake-decisions" in r.model for r in records)
+    assert all("fake-decisions" in (r.model or "") for r in records)
 
 
 def test_the_state_is_the_input_text_only() -> None:
