@@ -539,9 +539,10 @@ def _checked_band(
         raise ValueError(msg)
     if getattr(retriever.judge, "logprobs", True) is False:
         msg = (
-            "review_band routes verdicts by their logprob score, and this judge "
-            "gives none: use ApplicabilityJudge(llm=..., logprobs=True) with a model "
-            "that returns logprobs (e.g. ChatOpenAI)."
+            "review_band routes verdicts by their score, and this judge gives "
+            "none: use ApplicabilityJudge(llm=..., logprobs=True) with a model "
+            "that returns logprobs (e.g. ChatOpenAI), or a decision model (its "
+            "probability is the score)."
         )
         raise ValueError(msg)
     return low, high

@@ -337,3 +337,56 @@ def test_prefilter_options_need_the_prefilter(
         cli.main([*argv, "--target-recall", "0"])
     assert "must be a number in (0, 1]" in capsys.readouterr().err
     assert not models
+
+
+def test_a_decision_model_judges_each_input_in_one_request(
+    tmp_path: Path,
+    inputs: Path,
+    models: list[RuleAwareFakeChatModel],
+    loopback: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from langchain_tag.testing.decisions import FakeDecisionsServer  # noqa: PLC0415
+
+    out = tmp_path / "out.jsonl"
+    with FakeDecisionsServer() as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+        command = ["run", RULEBOOK, "--inputs", str(inputs), "-o", str(out)]
+        decided = [*command, "--decision-model", "gpt-6-luna"]
+        assert cli.main([*decided, "--match-only"]) == 0
+        assert server.request_count == len(INPUTS)  # one request per input
+        assert all(len(b["questions"]) == 9 for b in server.requests)
+        assert _records(out)["a"]["matched"] == ["PEP8-IMPORT-WILDCARD"]
+        assert "judgments: 27 (0 from the cache)" in capsys.readouterr().out
+        assert models == []  # no chat model: match only
+        # The executor is the chat model; the verdicts come from the cache.
+        out2 = tmp_path / "answered.jsonl"
+        answered = ["run", RULEBOOK, "--inputs", str(inputs), "-o", str(out2)]
+        cache = ["--cache", f"{out}.cache.sqlite", "--decision-model", "gpt-6-luna"]
+        assert cli.main([*answered, *cache]) == 0
+        assert server.request_count == len(INPUTS)
+        assert "answer" in _records(out2)["a"]
+        assert len(models) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "refused"),
+    [
+        (["--decision-model", "m", "--logprobs"], "--logprobs judge with a chat"),
+        (["--decision-model", "m", "--rules-per-call", "5"], "--rules-per-call"),
+        (["--questions-per-request", "8"], "options of --decision-model"),
+    ],
+)
+def test_decision_options_are_checked(
+    tmp_path: Path,
+    inputs: Path,
+    extra: list[str],
+    refused: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "out.jsonl"
+    command = ["run", RULEBOOK, "--inputs", str(inputs), "-o", str(out), *extra]
+    assert cli.main(command) == 2
+    assert refused in capsys.readouterr().err

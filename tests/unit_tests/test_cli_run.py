@@ -279,3 +279,22 @@ def test_run_judges_a_rulebook_by_the_schema_it_was_extracted_in(
     judge.reset()
     assert cli.main(["run", str(path), "an invoice", "--profile", "condition"]) == 0
     assert not any("- party: Who is bound." in p for p in judge.prompts)
+
+
+@pytest.mark.filterwarnings("ignore:The class `OpenAIClassifier` is in beta")
+def test_run_with_a_decision_model(
+    loopback: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from langchain_tag.testing.decisions import FakeDecisionsServer  # noqa: PLC0415
+
+    with FakeDecisionsServer() as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        command = ["run", RULEBOOK, SNIPPET, "--decision-model", "gpt-6-luna"]
+        assert cli.main([*command, "--decision-threshold", "0.9"]) == 0
+    assert server.request_count == 1
+    out = capsys.readouterr().out
+    assert "matched 2 of 9 rules:" in out
+    assert "0.930" in out  # the decision model's probability is the score
+    assert "[PEP8-IMPORT-WILDCARD] Replace the wildcard import" in out

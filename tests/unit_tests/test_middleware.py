@@ -36,6 +36,7 @@ from langchain_tag.testing import (
     ToolLoopFakeChatModel,
     trigger_rulebook,
 )
+from langchain_tag.testing.decisions import RuleAwareFakeDecisionModel
 from tests.unit_tests.test_engine import fitted_prefilter
 
 SYSTEM = "You are a helpful assistant."
@@ -516,6 +517,26 @@ def test_uncertain_verdicts_wait_for_a_person_in_langchain_s_hitl_shape() -> Non
     assert out["tag"]["reviewed"] == ["R-001", "R-003"]
     assert out["tag"]["review"] == []
     assert model.system_prompts == [_guidance("[R-002] Do thing 2")] * 3
+
+
+def test_a_decision_model_s_probabilities_go_through_the_review_band() -> None:
+    model = RuleAwareFakeDecisionModel(yes_probability=0.6, no_probability=0.02)
+    tag = TAGMiddleware(rulebook=RULES, llm=model, cache=None, review_band=(0.3, 0.7))
+    agent, agent_model = _agent(tag)
+    out = agent.invoke(_ask("trigger-001 trigger-002"), _thread())
+    request = out["__interrupt__"][0].value
+    assert [a["args"] for a in request["action_requests"]] == [
+        {"rule_id": "R-001", "applies": True},
+        {"rule_id": "R-002", "applies": True},
+    ]
+    assert agent_model.received == []  # the model waits for the review
+    assert model.calls == 1  # every rule in one request, once per invocation
+    out = agent.invoke(
+        Command(resume={"decisions": [{"type": "approve"}, {"type": "reject"}]}),
+        _thread(),
+    )
+    assert model.calls == 1
+    assert [m["rule_id"] for m in out["tag"]["matched"]] == ["R-001"]
 
 
 def test_an_edit_sets_applies_and_a_bad_answer_asks_again() -> None:
