@@ -6,6 +6,10 @@ One judgment per (input, rule), the rule's action withheld from the judge.
   owns the concurrency-bounded fan-out over many rules (run by `_fanout`).
 - `verdicts`: `Verdict`, `JudgmentError`, `VerdictSink`, `UnreliableMatchWarning`.
 - `batched`: several rules judged in one call (`rules_per_call > 1`).
+- `decision`: `DecisionJudge`, a decision model (`BaseDecisionModel`) answering one
+  `Noul` per rule, many rules per request.
+- `memory`: `VerdictMemory`, the cache read once per query and the verdict log,
+  around every backend.
 - `cascade`: `CascadeJudge`, a cheap judge first and a strong one where unsure.
 - `profiles`: what the judge sees of a rule and how it answers (`NBA_PROFILE`, ...),
   and the profile of a rule schema or a rulebook (`schema_profile`, `profile_for`).
@@ -19,6 +23,7 @@ One judgment per (input, rule), the rule's action withheld from the judge.
 """
 
 from langchain_tag.matching.cascade import CascadeJudge, CascadeStats
+from langchain_tag.matching.decision import DecisionJudge
 from langchain_tag.matching.judge import ApplicabilityJudge, BaseJudge
 from langchain_tag.matching.profiles import (
     CONDITION_PROFILE,
@@ -42,6 +47,7 @@ __all__ = [
     "BaseJudge",
     "CascadeJudge",
     "CascadeStats",
+    "DecisionJudge",
     "JudgmentError",
     "RuleSchemaProfile",
     "UnreliableMatchWarning",

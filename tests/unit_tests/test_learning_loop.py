@@ -23,6 +23,7 @@ from langchain_tag.learning.retraining import Retrainer
 from langchain_tag.learning.shadow import ShadowJudging
 from langchain_tag.learning.verdict_log import SQLiteVerdictLog, VerdictRecord
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
+from langchain_tag.testing.decisions import RuleAwareFakeDecisionModel
 
 RULES = trigger_rulebook(8)
 FILLER = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
@@ -316,3 +317,39 @@ def test_tag_prefilter_train_counts_the_skipped_pairs(
     assert report is not None
     assert report.skipped == 1
     assert report.internal_target == report.target_recall == 0.95
+
+
+def test_a_decision_model_runs_the_learning_loop(log: SQLiteVerdictLog) -> None:
+    prefilter = LearnedPrefilter(RULES, target_recall=0.95)
+    model = RuleAwareFakeDecisionModel()
+    retriever = TAGRetriever(
+        rulebook=RULES,
+        llm=model,
+        verdict_log=log,
+        cache=None,
+        prefilter=prefilter,
+        explore=0.5,
+        retrain_every=400,
+    )
+    texts = inputs(100, seed=4)
+    for text in texts[:50]:  # 50 x 8 = 400 verdicts: training starts
+        retriever.invoke(text)
+    assert model.calls == 50  # one request per input
+    retrainer = retriever.engine.retrainer
+    assert retrainer is not None
+    if (training := retrainer.running) is not None:
+        training.result(timeout=60)
+    assert prefilter.report is not None
+    results = [retriever.match(text) for text in texts[50:]]
+    assert sum(r.candidates for r in results) < 50 * len(RULES)  # now it skips
+    assert model.calls <= 100
+    explored = [rule_id for r in results for rule_id in r.explored_rule_ids]
+    assert explored
+    estimate = results[-1].recall_estimate
+    assert estimate is not None
+    assert estimate.explore == 0.5
+    for result in results:  # the probabilities rank, as logprob scores do
+        assert all(d.metadata["score"] == 0.93 for d in result.documents)
+    shadow = [r for r in log.records() if r.explore is not None]
+    assert len(shadow) == len(explored)
+    assert {r.prompt_version for r in log.records()} == {"decision-v1"}
