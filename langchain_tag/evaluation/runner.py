@@ -5,7 +5,8 @@ and returns one `EvalResult` per method: the task's quality metrics (`METRICS`) 
 the cost columns (LLM calls, input tokens with the cached ones among them, output
 tokens, wall time, units given to the executor; the oracle's answers are counted as
 look-ups, not as model calls).
-Methods that need a judge model run only when one is given; otherwise they come
+Methods that need a judge (or decision) model run only when one is given; otherwise
+they come
 back as skipped rows with the reason, so an offline run covers the methods without
 an LLM and the oracle. `run_nba`, `run_obliqa` and `run_humaneval` do the same on a
 task's development data.
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Literal, TypedDict
 
+from langchain_core.decisions import BaseDecisionModel
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel
 from langchain_core.retrievers import BaseRetriever
@@ -104,9 +106,9 @@ class EvalResult(BaseModel):
     )
     oracle_lookups: int = Field(
         default=0,
-        description="Judgments the oracle answered from the gold labels: look-ups, "
-        "not LLM calls (no tokens, nothing paid), though a judge model in the "
-        "oracle's place would make as many calls.",
+        description="Judgments the oracle answered from the gold labels (the "
+        "decision oracle's: requests): look-ups, not LLM calls (nothing paid), "
+        "though a judge model in the oracle's place would make as many calls.",
     )
     executor_calls: int = 0
     grader_calls: int = Field(
@@ -116,8 +118,9 @@ class EvalResult(BaseModel):
     )
     input_tokens: int | None = Field(
         default=None,
-        description="Judge and executor input tokens, as the models reported them; "
-        "None if unknown (a model reported no usage).",
+        description="Judge and executor input tokens, as the models reported them "
+        "(the decision oracle's: counted, what its requests would send); None if "
+        "unknown (a model reported no usage).",
     )
     cached_input_tokens: int | None = Field(
         default=None,
@@ -220,6 +223,9 @@ class RunOptions(TypedDict, total=False):
     """Judges for TAG, the reranker and the LLM filters; None skips them."""
     cheap_judge_model: BaseChatModel | None
     """The cascade's cheap first judge (a model with logprobs); None skips it."""
+    decision_model: BaseDecisionModel | None
+    """Judges `tag-decision` (every candidate rule of an input in one request);
+    None skips it."""
     executor_model: BaseChatModel | None
     """Executes the task (strict accuracy, pass@1); None measures retrieval only."""
     embeddings: EmbeddingsSpec
@@ -287,6 +293,7 @@ def method_context(task: EvalTask, **options: Unpack[RunOptions]) -> MethodConte
         embeddings=shared_embeddings(options.get("embeddings")),
         judge_model=options.get("judge_model"),
         cheap_judge_model=options.get("cheap_judge_model"),
+        decision_model=options.get("decision_model"),
         max_concurrency=options.get("max_concurrency", 8),
         rules_sim_k=options.get("rules_sim_k"),
     )

@@ -2,22 +2,36 @@
 
 `CallCounter` is `langchain_tag.usage.UsageCounter` (calls and the tokens they
 report, cached input tokens included) that also counts the evaluation oracle's
-answers (`OracleChatModel`) apart: they are look-ups in the gold labels, not
-model calls, and cost no tokens.
+answers apart: `OracleChatModel`'s and `OracleDecisionModel`'s requests are
+look-ups in the gold labels, not model calls. The chat oracle reports no tokens;
+the decision oracle reports what its requests would send a decision model
+(`decision_request_tokens`), so its rows show what a decision request costs.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from langchain_core.decisions import Noul
 from langchain_core.messages import BaseMessage
 
 from langchain_tag.usage import TokenUsage, UsageCounter
 
-__all__ = ["ORACLE_LLM_TYPE", "CallCounter"]
+__all__ = [
+    "ORACLE_LLM_TYPE",
+    "ORACLE_PROVIDER",
+    "CallCounter",
+    "decision_request_tokens",
+    "sent_instructions",
+]
 
 ORACLE_LLM_TYPE = "tag-oracle"
 """The `_llm_type` of `OracleChatModel`, which answers from the gold labels."""
+
+ORACLE_PROVIDER = "oracle"
+"""The `_provider` of `OracleDecisionModel` (its runs' `ls_provider` metadata)."""
 
 
 class CallCounter(UsageCounter):
@@ -26,8 +40,10 @@ class CallCounter(UsageCounter):
     Fakes and some local servers report no usage: then `reported` is False, and
     `usage` says the tokens are unknown rather than 0. `calls` counts the
     oracle's answers too (a judge model would make as many calls);
-    `oracle_calls` says how many of them were the oracle's, and `usage` counts
-    only the calls that reached a model.
+    `oracle_calls` says how many of them were the oracle's (a chat oracle's
+    judgments, a decision oracle's requests), and `usage` counts only the calls
+    that reached a model, with the tokens reported: the decision oracle's are
+    counted ones, what its requests would send.
     """
 
     def __init__(self) -> None:
@@ -44,6 +60,15 @@ class CallCounter(UsageCounter):
         """Count a chat model call, or an oracle look-up."""
         super().on_chat_model_start(serialized, messages, **kwargs)
         if _is_oracle(kwargs):
+            with self._lock:
+                self.oracle_calls += 1
+
+    def on_chain_start(
+        self, serialized: dict[str, Any] | None, inputs: Any, **kwargs: Any
+    ) -> None:
+        """Count a decision model's request, or the decision oracle's."""
+        super().on_chain_start(serialized, inputs, **kwargs)
+        if kwargs.get("run_type") == "llm" and _is_decision_oracle(kwargs):
             with self._lock:
                 self.oracle_calls += 1
 
@@ -75,3 +100,52 @@ def _is_oracle(event: dict[str, Any]) -> bool:
     """Whether a chat model start event is the oracle's (by its `_llm_type`)."""
     params = event.get("invocation_params") or {}
     return params.get("_type") == ORACLE_LLM_TYPE
+
+
+def _is_decision_oracle(event: dict[str, Any]) -> bool:
+    """Whether a decision model's run is the oracle's (by its `ls_provider`)."""
+    metadata = event.get("metadata") or {}
+    return metadata.get("ls_provider") == ORACLE_PROVIDER
+
+
+# --- What a decision request sends --------------------------------------------------
+
+
+def sent_instructions(question: Noul) -> str:
+    """A question's instructions as `OpenAIClassifier` sends them, as text.
+
+    The Decisions API's predicates have no field for criteria, so the classifier
+    appends them to the instructions; its own conversion is used where
+    langchain-openai has it, else the instructions with the criteria as JSON.
+    """
+    try:
+        from langchain_openai.decisions._classifier_input import (  # noqa: PLC0415
+            _to_classifier_questions,
+        )
+    except ImportError:  # a langchain-openai before the Decisions API
+        text = _as_text(question.instructions)
+        if question.criteria is None:
+            return text
+        return f"{text}\n\n{json.dumps(question.criteria.model_dump(mode='json'))}"
+    [sent] = _to_classifier_questions({"question": question})
+    return _as_text(sent["instructions"])
+
+
+def _as_text(content: object) -> str:
+    return content if isinstance(content, str) else json.dumps(content)
+
+
+def decision_request_tokens(
+    count: Callable[[str], int], state: str, questions: Iterable[Noul]
+) -> int:
+    """Input tokens of one decision request: the state once, then each question.
+
+    Each question as sent (`sent_instructions`), counted on its own; the API's own
+    framing of the request is not known, so none is added.
+
+    Args:
+        count: Tokens of a text (`langchain_tag.usage.token_counter().count`).
+        state: The input text, sent as it is.
+        questions: The request's questions.
+    """
+    return count(state) + sum(count(sent_instructions(q)) for q in questions)

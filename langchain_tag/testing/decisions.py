@@ -7,7 +7,9 @@ rule's condition occurs in the input). `FakeDecisionsServer` serves OpenAI's
 `POST /v1/decisions` on 127.0.0.1, answering each predicate question through such
 a model, so the OpenAI SDK's `client.decisions.create` and langchain-openai's
 `OpenAIClassifier` run offline for real, with scriptable refusals, HTTP errors and
-malformed responses.
+malformed responses. Given a chat model it serves `/v1/chat/completions` too (it is
+a `FakeOpenAIServer`), so one `OPENAI_BASE_URL` stands in for a decision-model
+judge and a chat executor.
 
 Token usage is a stand-in count, never a measurement of a real model: a token per
 `CHARS_PER_TOKEN` characters (rounded up) of the input text, plus the same for each
@@ -20,7 +22,7 @@ import json
 import math
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn, cast
 
 from langchain_core.decisions import (
     BaseDecisionModel,
@@ -31,13 +33,17 @@ from langchain_core.decisions import (
     State,
 )
 from langchain_core.exceptions import ModelRefusalError
-from langchain_core.messages import InputTokenDetails, OutputTokenDetails, UsageMetadata
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import (
+    InputTokenDetails,
+    OutputTokenDetails,
+    UsageMetadata,
+)
 from pydantic import Field, PrivateAttr
-from typing_extensions import Self
 
 from langchain_tag.matching.prompts import read_decision_question
 from langchain_tag.testing.judges import condition_holds
-from langchain_tag.testing.server import Refusal
+from langchain_tag.testing.server import FakeOpenAIServer, Refusal
 
 __all__ = ["FakeDecisionsServer", "RuleAwareFakeDecisionModel"]
 
@@ -61,6 +67,7 @@ by its own schedule (about half a second). Add `retry-after-ms: 1` to retry at o
 """
 
 _ENDPOINT = "/v1/decisions"
+_CHAT_ENDPOINT = "/v1/chat/completions"
 _QUESTION_TYPES = ("predicate", "choice", "score")
 
 
@@ -325,7 +332,7 @@ def _input_text(request: Mapping[str, Any]) -> str:
     return "\n".join(texts)
 
 
-class FakeDecisionsServer:
+class FakeDecisionsServer(FakeOpenAIServer):
     """OpenAI's `POST /v1/decisions` on 127.0.0.1, answered by a fake decision model.
 
     Point `openai.OpenAI(base_url=...)` or `OpenAIClassifier(base_url=...)` at
@@ -345,6 +352,14 @@ class FakeDecisionsServer:
     name); missing instructions, or instructions that hold no rendered decision
     question. Any other path or method gets OpenAI's 404.
 
+    Given a `chat_model`, it also serves `POST /v1/chat/completions` as its base
+    class `FakeOpenAIServer` does (the pattern of `FakeBatchServer`), so one
+    `OPENAI_BASE_URL` serves a decision-model judge and a chat executor or
+    extractor: those bodies go to `chat_requests`, and `chat_refuse` may refuse
+    them. Without a chat model that path gets the 404 too. `model`, `requests`,
+    `request_count` and the `x-request-id` numbers are the decision endpoint's
+    (where `FakeOpenAIServer` has a chat model and chat bodies).
+
     Scripted, in this order, before validation: the first `rate_limited` requests
     (or the next n, after `rate_limit_next(n)`) get `rate_limit`; then `fault`,
     called with each request body, may return a `Refusal` to send instead of an
@@ -356,7 +371,7 @@ class FakeDecisionsServer:
 
     Usage is a stand-in count (see the module docstring): input tokens for the
     state's text and each question's instructions as sent; no output, reasoning or
-    cached tokens.
+    cached tokens. Chat answers report the chat model's own usage.
 
     Args:
         model: What answers the questions; default a new
@@ -370,9 +385,16 @@ class FakeDecisionsServer:
             get no answer in the response.
         extra_answers: Called with each answered request body; the answers it
             returns are appended to the response's.
+        chat_model: What answers `/v1/chat/completions`; None serves no chat.
+        chat_refuse: Called with each chat request body first; a `Refusal` it
+            returns is sent instead of an answer (`FakeOpenAIServer`'s `refuse`).
         host: The address to bind (loopback).
         port: The port; 0 picks a free one.
     """
+
+    # The decision model, as before chat was served too (the chat model is
+    # `chat_model`): not the base class's chat model.
+    model: RuleAwareFakeDecisionModel  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -385,46 +407,46 @@ class FakeDecisionsServer:
         drop_answers: Callable[[dict[str, Any]], Collection[str]] | None = None,
         extra_answers: Callable[[dict[str, Any]], Sequence[Mapping[str, Any]]]
         | None = None,
+        chat_model: BaseChatModel | None = None,
+        chat_refuse: Callable[[dict[str, Any]], Refusal | None] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
-        """Serve `model` on `host:port`; see the class docstring."""
-        from http.server import ThreadingHTTPServer  # noqa: PLC0415
-
+        """Serve `model` (and `chat_model`) on `host:port`; see the class docstring."""
+        # The base class binds the socket, with this class's handler; the `model`
+        # it keeps is replaced by the decision model below.
+        super().__init__(
+            cast("BaseChatModel", chat_model), host, port, refuse=chat_refuse
+        )
         self.model = model if model is not None else RuleAwareFakeDecisionModel()
+        self.chat_model = chat_model
+        self.chat_requests: list[dict[str, Any]] = []
         self.max_questions = max_questions
         self.rate_limit = rate_limit
         self.fault = fault
         self.drop_answers = drop_answers
         self.extra_answers = extra_answers
-        self._lock = threading.Lock()
-        self._requests: list[dict[str, Any]] = []
         self._request_count = 0
         self._rate_limited = rate_limited
-        # socketserver's backlog of 5 would leave a burst of concurrent calls
-        # waiting for the kernel's SYN retry (a second or more): not the provider.
-        server_class = type(
-            "FakeDecisionsHTTPServer",
-            (ThreadingHTTPServer,),
-            {"request_queue_size": 128},
-        )
-        self._server = server_class((host, port), self._handler())
         # Polled often, so that `__exit__` returns at once, not after up to 0.5 s.
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.01,), daemon=True
         )
 
     @property
-    def base_url(self) -> str:
-        """The `base_url` / `OPENAI_BASE_URL` of this server (ends in `/v1`)."""
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
-
-    @property
     def requests(self) -> list[dict[str, Any]]:
-        """The JSON bodies received at the endpoint, in arrival order (a copy)."""
+        """The JSON bodies received at `/v1/decisions`, in arrival order (a copy).
+
+        Chat bodies are in `chat_requests`.
+        """
         with self._lock:
             return list(self._requests)
+
+    @requests.setter
+    def requests(self, bodies: list[dict[str, Any]]) -> None:
+        # The base class starts its record with `self.requests = []`, before it
+        # makes the lock: one assignment, which no request can interleave.
+        self._requests = list(bodies)
 
     @property
     def request_count(self) -> int:
@@ -444,24 +466,40 @@ class FakeDecisionsServer:
             if refusal is not None:
                 self.rate_limit = refusal
 
-    def __enter__(self) -> Self:
-        """Start serving."""
-        self._thread.start()
-        return self
+    # -- chat -------------------------------------------------------------------------
 
-    def __exit__(self, *exc_info: object) -> None:
-        """Stop serving."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+    def _chat_model(self) -> BaseChatModel:
+        if self.chat_model is None:
+            msg = "This FakeDecisionsServer serves no chat: give it a chat_model."
+            raise RuntimeError(msg)
+        return self.chat_model
+
+    def _record(self, request: dict[str, Any]) -> int:
+        # Chat bodies apart: `requests` holds the decision requests.
+        with self._lock:
+            self.chat_requests.append(request)
+            return len(self.chat_requests)
 
     # -- one request ------------------------------------------------------------------
 
-    def _reply(self, method: str, path: str, raw: bytes) -> tuple[int, _Reply]:
-        """The request's number (0 off the endpoint) and its reply."""
-        if method != "POST" or path.split("?", 1)[0].rstrip("/") != _ENDPOINT:
-            reply = _error(404, f"Invalid URL ({method} {path})", code="unknown_url")
-            return 0, reply
+    def _route(self, method: str, path: str, raw: bytes) -> tuple[int, _Reply]:
+        """The decision request's number (0 for any other request) and the reply."""
+        route = path.split("?", 1)[0].rstrip("/")
+        if method == "POST" and route == _ENDPOINT:
+            return self._decide(raw)
+        if method == "POST" and route == _CHAT_ENDPOINT and self.chat_model is not None:
+            try:
+                request: object = json.loads(raw)
+            except ValueError:
+                request = None
+            if not isinstance(request, dict):
+                return 0, _error(400, "The chat request body must be a JSON object.")
+            status, headers, body = self._reply(request)
+            return 0, _Reply(status, body, headers)
+        return 0, _error(404, f"Invalid URL ({method} {path})", code="unknown_url")
+
+    def _decide(self, raw: bytes) -> tuple[int, _Reply]:
+        """The decision request's number and its reply."""
         try:
             request: object = json.loads(raw)
         except ValueError:
@@ -635,7 +673,7 @@ class FakeDecisionsServer:
                 # Read even a body it refuses: unread bytes at close reset the
                 # connection before the client reads the reply.
                 raw = self.rfile.read(length) if length else b""
-                number, reply = server._reply(self.command, self.path, raw)
+                number, reply = server._route(self.command, self.path, raw)
                 payload = json.dumps(reply.body).encode()
                 self.send_response(reply.status)
                 for name, value in reply.headers.items():

@@ -102,17 +102,16 @@ class FakeOpenAIServer:
         """The chat completion answering one request body."""
         from langchain_core.messages import convert_to_messages  # noqa: PLC0415
 
-        with self._lock:
-            self.requests.append(request)
+        number = self._record(request)
         messages = convert_to_messages(
             [(m["role"], _text_of(m.get("content"))) for m in request["messages"]]
         )
-        answer = self.model.invoke(messages)
+        answer = self._chat_model().invoke(messages)
         usage: Mapping[str, Any] = answer.usage_metadata or {}
         prompt_tokens = usage.get("input_tokens", 0)
         completion_tokens = usage.get("output_tokens", 0)
         return {
-            "id": f"chatcmpl-fake-{len(self.requests)}",
+            "id": f"chatcmpl-fake-{number}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": request.get("model", "fake"),
@@ -131,14 +130,23 @@ class FakeOpenAIServer:
             },
         }
 
+    def _chat_model(self) -> BaseChatModel:
+        """The model answering chat completions (a subclass may serve another)."""
+        return self.model
+
+    def _record(self, request: dict[str, Any]) -> int:
+        """Record a chat request body; its number (1 for the first)."""
+        with self._lock:
+            self.requests.append(request)
+            return len(self.requests)
+
     def _reply(
         self, request: dict[str, Any]
     ) -> tuple[int, Mapping[str, str], dict[str, Any]]:
         """The status, headers and body answering one request body."""
         refusal = self.refuse(request) if self.refuse else None
         if refusal is not None:
-            with self._lock:
-                self.requests.append(request)
+            self._record(request)
             error = {
                 "message": refusal.message,
                 "type": refusal.error_type,

@@ -175,6 +175,7 @@ def test_the_notebooks_are_there() -> None:
         "03_rulearena_nba",
         "04_query_graph",
         "05_agent_middleware",
+        "06_decision_model",
     ]
 
 

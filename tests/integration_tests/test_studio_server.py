@@ -3,7 +3,9 @@
 The server runs as a subprocess on a free loopback port, with its models pointed by
 `OPENAI_BASE_URL` at a `FakeOpenAIServer` on loopback too, so everything is offline:
 the graphs' real `ChatOpenAI` talks HTTP to fakes that judge by backtick-quoted
-condition fragments and play the extraction phases.
+condition fragments and play the extraction phases. One more server judges with a
+decision model (`TAG_DECISION_MODEL`): its real `OpenAIClassifier` talks HTTP to a
+`FakeDecisionsServer`, which answers its executor's chat requests too.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,10 +21,12 @@ import pytest
 
 from langchain_tag import Rulebook
 from langchain_tag.resources import curated_rulebook
+from langchain_tag.settings import DECISION_MODEL_ENV_VAR
 from langchain_tag.testing import (
     FakeOpenAIServer,
     JudgeAndExtractorFakeChatModel,
 )
+from langchain_tag.testing.decisions import FakeDecisionsServer
 from tests.integration_tests.servers import LANGGRAPH, langgraph_dev
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,6 +55,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 pytestmark = pytest.mark.server
 
 CALL_SECONDS = 30.0
+DECISION_MODEL = "gpt-6-luna"
 
 QUERY = "from os import *\n\nif x == None:\n    pass\n"
 MATCHED = ["PEP8-IMPORT-WILDCARD", "PEP8-NONE-IDENTITY"]
@@ -90,6 +95,31 @@ def studio(
 
 
 @pytest.fixture
+def fake_decisions() -> Iterator[FakeDecisionsServer]:
+    """OpenAI's Decisions API for the judge and chat completions for the executor."""
+    with FakeDecisionsServer(chat_model=JudgeAndExtractorFakeChatModel()) as server:
+        yield server
+
+
+@pytest.fixture
+def decision_studio(
+    fake_decisions: FakeDecisionsServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A `langgraph dev` whose graphs judge with an OpenAI decision model.
+
+    Its own server (the environment is read at startup), for the one test that
+    needs it: stopped when that test ends.
+    """
+    with langgraph_dev(
+        fake_decisions.base_url,
+        cwd=REPO,
+        log=tmp_path_factory.mktemp("decision-studio") / "langgraph-dev.log",
+        env={DECISION_MODEL_ENV_VAR: DECISION_MODEL},
+    ) as url:
+        yield url
+
+
+@pytest.fixture
 async def client(studio: str) -> AsyncIterator[LangGraphClient]:
     sdk = get_client(url=studio, api_key=None)
     try:
@@ -109,6 +139,23 @@ async def bounded(call: Awaitable[T]) -> T:
 
 def ids(matches: Sequence[dict[str, Any]]) -> list[str]:
     return [m["rule_id"] for m in matches]
+
+
+def strings(value: object) -> Iterable[str]:
+    """Every string in a JSON value (a request body), keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings(item)
+
+
+def words(text: str) -> str:
+    return " ".join(text.split())
 
 
 # --- tests ----------------------------------------------------------------------------
@@ -220,6 +267,60 @@ async def test_unknown_context_keys_are_ignored(
     )
     assert "__error__" not in output, output["__error__"]
     assert ids(output["matches"]) == MATCHED[:1]
+
+
+async def test_query_run_judges_with_a_decision_model(
+    decision_studio: str,
+    fake_decisions: FakeDecisionsServer,
+    pep8_rulebook: Rulebook,
+    pep8_json: dict[str, Any],
+) -> None:
+    """One `/v1/decisions` request per input, one question per rule, no action."""
+    sdk = get_client(url=decision_studio, api_key=None)
+    try:
+        outputs: list[Any] = [
+            await bounded(
+                sdk.runs.wait(
+                    None,
+                    "tag_query",
+                    input={"query": query, "rulebook": pep8_json},
+                    raise_error=False,
+                )
+            )
+            for query in (QUERY, OTHER_QUERY)
+        ]
+    finally:
+        await sdk.aclose()
+    for output in outputs:
+        assert "__error__" not in output, output["__error__"]
+    first, other = outputs
+    assert ids(first["matches"]) == MATCHED
+    assert ids(other["matches"]) == ["PEP8-LAMBDA-ASSIGN"]
+    # The scores are the decision model's probabilities of YES.
+    yes = fake_decisions.model.yes_probability
+    assert [m["score"] for m in first["matches"]] == [yes] * len(MATCHED)
+    assert first["cost"]["judgments"] == len(pep8_rulebook)
+    assert first["cost"]["judge_usage"]["calls"] == 1
+
+    # One request per input, asking about every rule once, of the model named.
+    requests = fake_decisions.requests
+    assert fake_decisions.request_count == len(requests) == 2
+    assert [r["input"] for r in requests] == [QUERY, OTHER_QUERY]
+    rule_ids = sorted(rule.rule_id for rule in pep8_rulebook.rules)
+    for request in requests:
+        assert request["model"] == DECISION_MODEL
+        assert sorted(q["name"] for q in request["questions"]) == rule_ids
+        sent = [words(text) for text in strings(request)]
+        for rule in pep8_rulebook.rules:
+            assert any(words(rule.condition) in text for text in sent), rule.rule_id
+            assert not any(words(rule.action) in text for text in sent), rule.rule_id
+
+    # The executor (a chat model at the same address) got the matched actions.
+    chats = fake_decisions.chat_requests
+    assert len(chats) == 2
+    prompt = words(" ".join(strings(chats[0]["messages"])))
+    for rule in pep8_rulebook.rules:
+        assert (words(rule.action) in prompt) == (rule.rule_id in MATCHED)
 
 
 DOCUMENTS: list[dict[str, Any]] = [

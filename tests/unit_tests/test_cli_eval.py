@@ -245,3 +245,84 @@ def test_estimate_price_options_are_checked(
 ) -> None:
     assert cli.main([*custom, *options]) == 2
     assert message in capsys.readouterr().err
+
+
+# --- a decision model: tag-decision, oracle-decision -------------------------------
+
+
+def test_decision_model_is_refused_offline(
+    custom: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([*custom, "--offline", "--decision-model", "gpt-6-luna"]) == 2
+    assert "drop --judge-model, --executor-model, --cheap-judge-model and " in (
+        capsys.readouterr().err
+    )
+
+
+def test_offline_oracle_decision_counts_one_lookup_per_input(
+    custom: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [*custom, "--offline", "--methods", "tag-decision,oracle-decision"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    row = table_row(out, "oracle-decision")
+    # Four inputs, their four rules asked in one request each.
+    assert (row["LLM calls"], row["oracle look-ups"]) == ("0", "4")
+    assert int(row["tokens in"]) > 0
+    assert row["tokens out"] == "0"
+    assert "tag-decision: needs a decision model: pass --decision-model NAME" in out
+
+
+@pytest.mark.filterwarnings("ignore:The class `OpenAIClassifier` is in beta")
+def test_tag_decision_runs_with_a_decision_model(
+    custom: list[str],
+    loopback: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from langchain_tag.testing.decisions import FakeDecisionsServer  # noqa: PLC0415
+
+    monkeypatch.setattr(
+        "langchain_tag.models.default_chat_model",
+        lambda **_: RuleAwareFakeChatModel(),
+    )
+    argv = [*custom, "--methods", "tag-decision,oracle", "--decision-model", "luna"]
+    with FakeDecisionsServer() as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        assert cli.main(argv) == 0
+    assert server.request_count == 4  # one request per input
+    rows = {
+        r["method"]: r
+        for r in json.loads((Path(custom[-1]) / "results.json").read_text())
+    }
+    tag, oracle = rows["tag-decision"], rows["oracle"]
+    assert tag["status"] == "ok"
+    assert tag["llm_calls"] == 4 + tag["executor_calls"]
+    assert tag["recall_micro"] == oracle["recall_micro"] == 1.0
+    assert table_row(capsys.readouterr().out, "tag-decision")["failures"] == "0"
+
+
+def test_estimate_with_a_decision_model_estimates_tag_decision(
+    custom: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    prices = ("--price-in", "0.15", "--price-out", "0.60")
+    argv = [*custom, "--estimate", "--methods", "tag-decision,oracle-decision"]
+    # No key is needed: an estimate builds no model.
+    assert cli.main([*argv, *prices, "--offline"]) == 0
+    offline = capsys.readouterr().out
+    assert (
+        "skipped: needs a decision model" in table_row(offline, "tag-decision")["notes"]
+    )
+    assert cli.main([*argv, *prices, "--decision-model", "gpt-6-luna"]) == 0
+    out = capsys.readouterr().out
+    tag, oracle = table_row(out, "tag-decision"), table_row(out, "oracle-decision")
+    assert tag["judge calls"] == "4"  # requests: an input's rules in one each
+    assert tag["calls"] == str(4 + int(tag["executor calls"]))
+    assert oracle["judge calls"] == "0"
+    # The same requests and executor prompts (the gold rules stand for the
+    # decision model's picks): the same tokens, priced alike. Only the
+    # executor's answers have output tokens.
+    for column in ("input tokens", "output tokens", "USD"):
+        assert tag[column] == oracle[column], column
+    assert tag["USD"] != "$0"
+    assert "decision oracle's count the input tokens" in out

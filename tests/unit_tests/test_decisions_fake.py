@@ -15,6 +15,8 @@ from langchain_core.exceptions import (
     ModelRateLimitError,
     ModelRefusalError,
 )
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
+from langchain_openai import ChatOpenAI
 from langchain_openai.decisions import OpenAIClassifier
 from openai.types.decision import (
     AnswerAnswerResourcePredicate,
@@ -28,7 +30,7 @@ from langchain_tag.testing.decisions import (
     FakeDecisionsServer,
     RuleAwareFakeDecisionModel,
 )
-from langchain_tag.testing.server import Refusal
+from langchain_tag.testing.server import FakeOpenAIServer, Refusal
 
 pytestmark = [
     pytest.mark.usefixtures("loopback"),  # the fake API, on 127.0.0.1
@@ -432,6 +434,59 @@ def test_classifier_retries_a_rate_limit(
     )
     assert response.nouls["R-1"].noul == 0.93
     assert response.request_id == "req_fake_2"
+
+
+# -- chat completions on the same address --------------------------------------------
+
+
+def _chat(server: FakeDecisionsServer) -> ChatOpenAI:
+    return ChatOpenAI(
+        model="fake-chat", base_url=server.base_url, api_key="test", max_retries=0
+    )
+
+
+def test_one_base_url_serves_decisions_and_chat(
+    loopback: None, http: httpx2.Client
+) -> None:
+    chat = FakeListChatModel(responses=["Use `def` instead."])
+    with FakeDecisionsServer(chat_model=chat) as server:
+        assert isinstance(server, FakeOpenAIServer)
+        decided = _classifier(server, http).invoke(
+            {"state": CODE, "questions": {"R-1": _noul(LAMBDA)}}
+        )
+        answer = _chat(server).invoke("Rewrite it.")
+    assert decided.nouls["R-1"].noul == 0.93
+    assert answer.text == "Use `def` instead."
+    # Each side keeps its own record; decisions are numbered on their own.
+    assert decided.request_id == "req_fake_1"
+    assert server.request_count == len(server.requests) == 1
+    assert server.model.calls == 1
+    assert [r["model"] for r in server.chat_requests] == ["fake-chat"]
+    assert server.chat_requests[0]["messages"][-1]["content"] == "Rewrite it."
+
+
+def test_chat_refusals_and_failures_reach_the_client(loopback: None) -> None:
+    overloaded = Refusal(503, {}, "Overloaded.", error_type="server_error")
+    asked: list[dict[str, Any]] = []
+
+    def refuse_once(body: dict[str, Any]) -> Refusal | None:
+        asked.append(body)
+        return overloaded if len(asked) == 1 else None
+
+    with FakeDecisionsServer(
+        chat_model=FakeListChatModel(responses=[]), chat_refuse=refuse_once
+    ) as server:
+        with pytest.raises(openai.InternalServerError, match="Overloaded"):
+            _chat(server).invoke("hi")
+        # The chat model has no answer left: the server says so with a 500.
+        with pytest.raises(openai.InternalServerError):
+            _chat(server).invoke("hi")
+        response = httpx2.post(f"{server.base_url}/chat/completions", content=b"[")
+    assert response.status_code == 400
+    assert len(asked) == 2  # asked once per chat request (not the non-JSON one)
+    assert server.chat_requests == asked  # the refused one included
+    assert server.requests == []
+    assert server.request_count == 0
 
 
 # -- RuleAwareFakeDecisionModel directly ----------------------------------------------

@@ -3,13 +3,15 @@
 The estimate is checked against runs of the same methods under deterministic
 fakes: the calls they receive, and the input tokens they report (each fake counts
 the messages it is sent with the estimate's own counter, as a provider counts
-what it bills). A tiny in-memory task runs on a fresh clone; the NBA test runs on
-the real data when it is present.
+what it bills; the fake decision model counts ~4 characters a token, so its runs
+are compared with the estimate's counter without tiktoken). A tiny in-memory task
+runs on a fresh clone; the NBA test runs on the real data when it is present.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from langchain_core.callbacks import (
     AsyncCallbackManagerForLLMRun,
     CallbackManagerForLLMRun,
 )
+from langchain_core.decisions import ClassifierRequest
 from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatResult
@@ -32,6 +35,8 @@ from langchain_tag.evaluation.estimate import (
     EstimateModeError,
     MethodEstimate,
     NoCallChatModel,
+    NoCallDecisionModel,
+    estimate_bulk,
     estimate_methods,
     estimate_table,
     token_counter,
@@ -58,13 +63,16 @@ from langchain_tag.matching import (
     ApplicabilityJudge,
     RuleSchemaProfile,
 )
+from langchain_tag.matching.decision import DecisionJudge
 from langchain_tag.matching.prompts import read_judge_message
+from langchain_tag.settings import MatchSettings
 from langchain_tag.testing import (
     HashingFakeEmbeddings,
     RuleAwareFakeChatModel,
     ScriptedFakeChatModel,
 )
-from langchain_tag.usage import PromptCaching, TokenPrices
+from langchain_tag.testing.decisions import RuleAwareFakeDecisionModel
+from langchain_tag.usage import PromptCaching, TokenPrices, UsageCounter
 
 COUNTER = token_counter()
 
@@ -362,6 +370,134 @@ async def test_estimate_equals_a_fake_run_on_nba(data_dir: Any) -> None:
     found = estimate(task, judged, executor=False)
     check(results, found, exact_tokens=frozenset({"tag", "reranker", "llm-filter"}))
     assert found[0].judge_calls == 4 * len(task.rulebook or ())
+
+
+DECIDED = ("tag-decision", "oracle-decision")
+
+
+def without_tiktoken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Count ~4 characters a token, as the fake decision model does."""
+    monkeypatch.setitem(sys.modules, "tiktoken", None)
+
+
+@pytest.mark.requires_data
+async def test_decision_estimate_equals_a_fake_run_on_nba(
+    data_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = load_task("nba", data_dir).limited(4)
+    decisions = RuleAwareFakeDecisionModel()
+    results = await run(
+        task, [*DECIDED, "oracle"], executor=True, decision_model=decisions
+    )
+    found = estimate(task, [*DECIDED, "oracle"], decision=True)
+    # The oracle's and the executor's tokens are both counted by COUNTER.
+    check(results, found, exact_tokens=frozenset({"oracle"}))
+    by_name = {e.method: e for e in found}
+    # An input's 55 rules in one request: one request (or look-up) per problem.
+    assert by_name["tag-decision"].judge_calls == decisions.calls == 4
+    assert by_name["oracle-decision"].oracle_lookups == 4
+    assert by_name["oracle"].oracle_lookups == 4 * len(task.rulebook or ())
+    # The same picks, so the same executor prompts; the decision oracle adds the
+    # tokens of its requests, the chat oracle none.
+    assert by_name["oracle-decision"].executor_calls == by_name["oracle"].executor_calls
+    assert by_name["oracle-decision"].input_tokens > by_name["oracle"].input_tokens
+    without_tiktoken(monkeypatch)
+    results = await run(
+        task, DECIDED, executor=False, decision_model=RuleAwareFakeDecisionModel()
+    )
+    found = estimate(task, DECIDED, executor=False, decision=True)
+    check(results, found, exact_tokens=frozenset({"tag", "oracle"}))
+    assert [e.input_tokens for e in found] == [r.input_tokens for r in results]
+    assert all(e.output_tokens == e.cached_input_tokens == 0 for e in found)
+
+
+async def test_decision_estimate_equals_a_fake_decision_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    without_tiktoken(monkeypatch)
+    task = tiny_task()
+    decisions = RuleAwareFakeDecisionModel()
+    results = await run(task, DECIDED, executor=False, decision_model=decisions)
+    found = estimate(task, DECIDED, executor=False, decision=True)
+    check(results, found, exact_tokens=frozenset({"tag", "oracle"}))
+    tag, oracle = found
+    # One request per input: its six rules are six questions of one request.
+    assert tag.judge_calls == decisions.calls == len(TEXTS)
+    assert [len(names) for _, names in decisions.requests] == [len(RULEBOOK)] * 4
+    assert (oracle.judge_calls, oracle.oracle_lookups) == (0, len(TEXTS))
+    # What both reported: the fake's count of what it was sent, and the oracle's
+    # count of what it would have been sent, the same requests.
+    assert tag.input_tokens == oracle.input_tokens == results[0].input_tokens
+    assert tag.input_tokens == results[1].input_tokens
+    assert (tag.output_tokens, tag.cached_input_tokens) == (0, 0)
+    assert "decision requests: input tokens only" in " ".join(tag.notes)
+    assert "what a decision model would be sent" in " ".join(oracle.notes)
+
+
+def test_a_decision_request_costs_its_input_once_and_each_question() -> None:
+    task = tiny_task(TEXTS[:1])
+    [found] = estimate(task, ["tag-decision"], executor=False, decision=True)
+    judge = DecisionJudge(model=NoCallDecisionModel())
+    expected = COUNTER.count(task.items[0].text)
+    for rule in RULEBOOK.rules:
+        # As OpenAIClassifier sends a Noul: its criteria appended as text.
+        question = judge.question(rule)
+        assert question.criteria is not None
+        expected += COUNTER.count(
+            f"{question.instructions}\n\nAnswer true if: {question.criteria.true}"
+            f"\nAnswer false if: {question.criteria.false}"
+        )
+    assert (found.judge_calls, found.calls) == (1, 1)
+    assert found.input_tokens == expected
+    assert (found.output_tokens, found.cached_input_tokens) == (0, 0)
+    prices = TokenPrices(input=0.15, output=0.60)
+    [priced] = estimate(
+        task, ["tag-decision"], executor=False, decision=True, prices=prices
+    )
+    assert priced.dollars == pytest.approx(expected * 0.15 / 1e6)
+
+
+def test_without_a_decision_model_tag_decision_is_skipped() -> None:
+    found = {e.method: e for e in estimate(tiny_task(), DECIDED)}
+    assert found["tag-decision"].status == "skipped"
+    assert "pass --decision-model NAME" in (found["tag-decision"].skip_reason or "")
+    # The oracle needs no model: it is estimated all the same.
+    assert found["oracle-decision"].status == "ok"
+
+
+async def test_the_decision_placeholder_refuses_every_request() -> None:
+    question = DecisionJudge(model=NoCallDecisionModel()).question(RULEBOOK.rules[0])
+    request: ClassifierRequest = {"state": TEXTS[0][0], "questions": {"R-1": question}}
+    with pytest.raises(EstimateModeError, match="decision model placeholder"):
+        NoCallDecisionModel().invoke(request)
+    with pytest.raises(EstimateModeError, match="decision model placeholder"):
+        await NoCallDecisionModel().ainvoke(request)
+
+
+async def test_bulk_estimate_prices_a_decision_judge_as_its_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    without_tiktoken(monkeypatch)
+    decisions = RuleAwareFakeDecisionModel()
+    # Four questions a request: six rules take two requests per input.
+    engine = MatchSettings(llm=decisions, questions_per_request=4).build_engine()
+    texts = [text for text, _ in TEXTS]
+    prices = TokenPrices(input=0.15, output=0.60)
+    found = estimate_bulk(engine, RULEBOOK.rules, texts, prices=prices)
+    assert isinstance(engine.judge, DecisionJudge)
+    assert found.judge_calls == len(texts) * math.ceil(len(RULEBOOK) / 4)
+    assert found.judgments == len(texts) * len(RULEBOOK)
+    counter = UsageCounter()
+    for text in texts:
+        await engine.amatch(text, RULEBOOK.rules, config=counter.watch())
+    assert found.judge_calls == decisions.calls == counter.calls
+    assert found.usage.input_tokens == counter.usage.input_tokens
+    assert (found.usage.output_tokens, found.usage.cached_input_tokens) == (0, 0)
+    assert found.dollars == pytest.approx((found.usage.input_tokens or 0) * 0.15 / 1e6)
+    assert "decision requests: input tokens only" in " ".join(found.notes)
+    # Every verdict is cached now: nothing left to ask.
+    again = estimate_bulk(engine, RULEBOOK.rules, texts)
+    assert (again.judge_calls, again.cached_verdicts) == (0, found.judgments)
 
 
 # --- Pieces -----------------------------------------------------------------------

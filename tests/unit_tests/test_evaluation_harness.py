@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.decisions import ClassifierResponse, NoulAnswer
 from langchain_core.language_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, Generation, LLMResult
@@ -35,7 +36,11 @@ from langchain_tag.evaluation.diagnostic import (
     diagnose,
 )
 from langchain_tag.evaluation.embedding_cache import cache_embeddings
-from langchain_tag.evaluation.methods import select_methods, standard_methods
+from langchain_tag.evaluation.methods import (
+    ORACLE_DECISION_NOTE,
+    select_methods,
+    standard_methods,
+)
 from langchain_tag.evaluation.runner import EvalResult, aevaluate, run_nba, run_obliqa
 from langchain_tag.evaluation.tasks import (
     ItemOutcome,
@@ -43,9 +48,14 @@ from langchain_tag.evaluation.tasks import (
     nba_task,
     obliqa_task,
 )
-from langchain_tag.evaluation.usage import ORACLE_LLM_TYPE, CallCounter
+from langchain_tag.evaluation.usage import (
+    ORACLE_LLM_TYPE,
+    ORACLE_PROVIDER,
+    CallCounter,
+)
 from langchain_tag.matching import CONDITION_PROFILE, NBA_PROFILE
 from langchain_tag.testing import HashingFakeEmbeddings, RuleAwareFakeChatModel
+from langchain_tag.testing.decisions import RuleAwareFakeDecisionModel
 from langchain_tag.usage import PromptCaching, TokenUsage
 
 ASSUMPTIONS = {
@@ -262,6 +272,85 @@ async def test_judge_calls_are_counted_exactly(nba: NBADataset) -> None:
     # A model's calls are no look-ups.
     assert tag.oracle_lookups == 0
     assert tag.calls_per_input == tag.calls_per_input_with_lookups == len(RULES)
+
+
+def test_the_decision_methods_sit_beside_tag_and_the_oracle() -> None:
+    methods = {m.name: m for m in standard_methods("nba")}
+    names = list(methods)
+    assert names[names.index("tag") + 1] == "tag-decision"
+    assert names[names.index("oracle") + 1] == "oracle-decision"
+    # rules-sim takes TAG's picks: it still comes after TAG.
+    assert names.index("rules-sim") > names.index("tag-decision")
+    assert methods["tag-decision"].needs == ("rulebook", "decision")
+    assert methods["oracle-decision"].needs == ("rulebook", "gold")
+    assert (methods["tag-decision"].family, methods["oracle-decision"].family) == (
+        "tag",
+        "oracle",
+    )
+
+
+async def test_a_decision_model_judges_each_input_in_one_request(
+    nba: NBADataset,
+) -> None:
+    decisions = RuleAwareFakeDecisionModel()
+    results = by_method(
+        await aevaluate(
+            nba_task(nba),
+            methods=["tag-decision", "oracle", "oracle-decision"],
+            decision_model=decisions,
+            embeddings=HashingFakeEmbeddings(),
+        )
+    )
+    tag, oracle, decided = (
+        results["tag-decision"],
+        results["oracle"],
+        results["oracle-decision"],
+    )
+    assert tag.llm_calls == decisions.calls == 3  # one request per problem
+    assert tag.oracle_lookups == 0
+    # The fake reports ~4 characters a token of what it is sent, no output.
+    assert (tag.input_tokens or 0) > 0
+    assert (tag.output_tokens, tag.cached_input_tokens) == (0, 0)
+    assert tag.metrics == oracle.metrics == decided.metrics
+    # The oracle's requests are look-ups, not calls; their tokens are counted.
+    assert (decided.llm_calls, decided.oracle_lookups) == (0, 3)
+    assert (decided.input_tokens or 0) > 0
+    assert decided.output_tokens == 0
+    assert ORACLE_DECISION_NOTE in decided.notes
+    assert oracle.oracle_lookups == 3 * len(RULES)
+    assert oracle.input_tokens == 0
+
+
+async def test_tag_decision_needs_a_decision_model(nba: NBADataset) -> None:
+    [skipped] = await aevaluate(nba_task(nba), methods=["tag-decision"])
+    assert skipped.status == "skipped"
+    assert "needs a decision model: pass --decision-model NAME" in (
+        skipped.skip_reason or ""
+    )
+
+
+def test_call_counter_counts_the_decision_oracles_requests_as_lookups() -> None:
+    counter = CallCounter()
+    usage = {"input_tokens": 40, "output_tokens": 0, "total_tokens": 40}
+    for provider in (ORACLE_PROVIDER, "openai"):
+        counter.on_chain_start(
+            None, {}, run_type="llm", metadata={"ls_provider": provider}
+        )
+        counter.on_chain_end(
+            ClassifierResponse(
+                model=provider,
+                answers={"R1": NoulAnswer(type="noul", noul=1.0)},
+                usage=usage,
+            )
+        )
+    # A chain run that is no decision model counts nothing, whatever its metadata.
+    counter.on_chain_start(
+        None, {}, run_type="chain", metadata={"ls_provider": ORACLE_PROVIDER}
+    )
+    assert (counter.calls, counter.oracle_calls, counter.model_calls) == (2, 1, 1)
+    assert counter.usage == TokenUsage(
+        calls=1, input_tokens=80, cached_input_tokens=0, output_tokens=0
+    )
 
 
 def test_the_table_counts_oracle_lookups_apart_from_llm_calls() -> None:
