@@ -265,11 +265,17 @@ def _task_section(task: TaskName, rows: Sequence[EvalResult]) -> str:
 def _lookups_line(result: EvalResult) -> str:
     """What the oracle's look-ups of `result` are, and what a model would cost."""
     per_input = result.oracle_lookups / result.n if result.n else 0.0
+    paid = (
+        "no model ran and nothing was paid; the tokens shown are what a decision "
+        "model's requests would carry"
+        if result.input_tokens
+        else "no model ran, no tokens, nothing paid"
+    )
     return (
         f"Oracle look-ups of {result.method}: {result.oracle_lookups:,} "
         f"({per_input:.1f} per input), answered from the gold labels, not LLM calls: "
-        "no model ran, no tokens, nothing paid. A judge model in the oracle's place "
-        f"would make {result.oracle_lookups:,} calls, at its price."
+        f"{paid}. A judge model in the oracle's place would make "
+        f"{result.oracle_lookups:,} calls, at its price."
     )
 
 

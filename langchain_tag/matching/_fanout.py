@@ -162,6 +162,90 @@ def retrying(retry: CallRetry | None, kind: type[RetryingT]) -> RetryingT:
     )
 
 
+class GaveUp(TAGError):  # noqa: N818 - a state, read by the judges
+    """A call failed for good: `error`, after `attempts` attempt(s)."""
+
+    def __init__(self, error: Exception, attempts: int) -> None:
+        """Record the call's last error and how many attempts it made."""
+        super().__init__(str(error))
+        self.error = error
+        self.attempts = attempts
+
+
+class _FirstAttempt:
+    """What the `before` hooks read of the first attempt's retry state: nothing."""
+
+
+_T = TypeVar("_T")
+
+
+def call(
+    retry: CallRetry | None, fn: Callable[..., _T], *args: Any, **kwargs: Any
+) -> _T:
+    """`fn(*args, **kwargs)` under `retry` in its fan-out: the one retry layer.
+
+    The first attempt runs without tenacity, whose loop costs about 15 µs a call
+    (36 µs async; measured here, half of a judgment's own overhead); a failure is
+    replayed into `retrying` as its first attempt, so every retry, wait and
+    budget is the policy's, as if the loop had made that attempt.
+
+    Raises:
+        GaveUp: The call failed for good (its error, and the attempts made).
+    """
+    _before_attempt(cast("RetryCallState", _FirstAttempt()))
+    try:
+        return fn(*args, **kwargs)
+    except Exception as first:  # noqa: BLE001 - replayed into the retry loop
+        replay = _Replay(first)
+    loop = retrying(retry, Retrying)
+    try:
+        return loop(replay.then(fn), *args, **kwargs)
+    except Exception as error:
+        raise GaveUp(error, loop.statistics.get("attempt_number", 1)) from error
+
+
+async def acall(
+    retry: CallRetry | None, fn: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any
+) -> _T:
+    """Async `call`."""
+    await _abefore_attempt(cast("RetryCallState", _FirstAttempt()))
+    try:
+        return await fn(*args, **kwargs)
+    except Exception as first:  # noqa: BLE001 - replayed into the retry loop
+        replay = _Replay(first)
+    loop = retrying(retry, AsyncRetrying)
+    try:
+        return await loop(replay.athen(fn), *args, **kwargs)
+    except Exception as error:
+        raise GaveUp(error, loop.statistics.get("attempt_number", 1)) from error
+
+
+class _Replay:
+    """A call whose first attempt already failed: raise that, then call for real."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error: Exception | None = error
+
+    def _replayed(self) -> None:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def then(self, fn: Callable[..., _T]) -> Callable[..., _T]:
+        def attempt(*args: Any, **kwargs: Any) -> _T:
+            self._replayed()
+            return fn(*args, **kwargs)
+
+        return attempt
+
+    def athen(self, fn: Callable[..., Awaitable[_T]]) -> Callable[..., Awaitable[_T]]:
+        async def attempt(*args: Any, **kwargs: Any) -> _T:
+            self._replayed()
+            return await fn(*args, **kwargs)
+
+        return attempt
+
+
 def judgment_config(config: RunnableConfig, *rules: Rule) -> RunnableConfig:
     """The config of one model call: its run named after its rules, like the fan-out."""
     ids = [rule.rule_id for rule in rules]

@@ -12,20 +12,26 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
-from tenacity import AsyncRetrying, Retrying
 
 from langchain_tag._text import batches, check_text
 from langchain_tag.matching import prompts
-from langchain_tag.matching._fanout import judgment_config, recalled, succeeded
+from langchain_tag.matching._fanout import (
+    GaveUp,
+    acall,
+    call,
+    judgment_config,
+    recalled,
+    succeeded,
+)
 from langchain_tag.matching.parsing import parse_batch
 from langchain_tag.matching.verdicts import Verdict
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
 
-    from langchain_tag.matching._fanout import RetryingT
     from langchain_tag.matching.memory import VerdictMemory
     from langchain_tag.matching.profiles import RuleSchemaProfile
+    from langchain_tag.models import CallRetry
     from langchain_tag.rules import Rule
 
 __all__ = [
@@ -55,8 +61,9 @@ class BatchingJudge(Protocol):
     def judged_fields(self, rule: Rule) -> list[tuple[str, str]]:
         """What the judge sees of `rule`."""
 
-    def retrying(self, kind: type[RetryingT]) -> RetryingT:
-        """The judge's retry loop."""
+    @property
+    def retry(self) -> CallRetry | None:
+        """The judge's retry policy."""
 
     def call_model(
         self, messages: list[BaseMessage], config: RunnableConfig, *, batch: bool
@@ -68,9 +75,7 @@ class BatchingJudge(Protocol):
     ) -> Any:
         """Async `call_model`."""
 
-    def given_up(
-        self, rule: Rule, error: Exception, retrying: Retrying | AsyncRetrying
-    ) -> Verdict:
+    def given_up(self, rule: Rule, failed: GaveUp) -> Verdict:
         """The failed verdict of a call that failed after its retries."""
 
     def judge_pair(self, request: tuple[str, Rule], config: RunnableConfig) -> Verdict:
@@ -140,13 +145,10 @@ def read_batch(
 
 
 def _given_up(
-    judge: BatchingJudge,
-    asked: Sequence[Rule],
-    error: Exception,
-    retrying: Retrying | AsyncRetrying,
+    judge: BatchingJudge, asked: Sequence[Rule], failed: GaveUp
 ) -> dict[str, Verdict]:
     # Under on_error="raise" the first rule's failure is raised.
-    return {r.rule_id: judge.given_up(r, error, retrying) for r in asked}
+    return {r.rule_id: judge.given_up(r, failed) for r in asked}
 
 
 def _recall(
@@ -171,16 +173,16 @@ def judge_unit(
     known = _recall(judge, text, unit)
     asked = [rule for rule in unit if rule.rule_id not in known]
     if len(asked) > 1:
-        retrying = judge.retrying(Retrying)
         try:
-            output = retrying(
+            output = call(
+                judge.retry,
                 judge.call_model,
                 batch_messages(judge, text, asked),
                 judgment_config(config, *asked),
                 batch=True,
             )
-        except Exception as error:  # noqa: BLE001 - every failure is reported
-            answered = _given_up(judge, asked, error, retrying)
+        except GaveUp as failed:
+            answered = _given_up(judge, asked, failed)
         else:
             answered = _read(judge, asked, output)
         rules, verdicts = _pairs(asked, answered)
@@ -203,16 +205,16 @@ async def ajudge_unit(
     known = await _arecall(judge, text, unit)
     asked = [rule for rule in unit if rule.rule_id not in known]
     if len(asked) > 1:
-        retrying = judge.retrying(AsyncRetrying)
         try:
-            output: Any = await retrying(
+            output: Any = await acall(
+                judge.retry,
                 judge.acall_model,
                 batch_messages(judge, text, asked),
                 judgment_config(config, *asked),
                 batch=True,
             )
-        except Exception as error:  # noqa: BLE001 - every failure is reported
-            answered = _given_up(judge, asked, error, retrying)
+        except GaveUp as failed:
+            answered = _given_up(judge, asked, failed)
         else:
             answered = _read(judge, asked, output)
         rules, verdicts = _pairs(asked, answered)

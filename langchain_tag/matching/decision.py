@@ -37,7 +37,6 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
 from langchain_core.stores import BaseStore
 from pydantic import ConfigDict, Field, PrivateAttr
-from tenacity import AsyncRetrying, Retrying
 
 from langchain_tag._text import batches, check_text, describe_error, digest
 from langchain_tag.cache import InMemoryVerdictCache
@@ -369,18 +368,15 @@ class DecisionJudge(BaseJudge):
         )
         pending = _Pending(self, [rule for rule in unit if rule.rule_id not in known])
         while pending.group:
-            retrying = self.retrying(Retrying)
             try:
-                response = retrying(
+                response = _fanout.call(
+                    self.retry,
                     self._model.invoke,
                     pending.request(text),
                     judgment_config(config, *pending.rules),
                 )
-            except ModelRefusalError as error:
-                _fanout.succeeded()
-                pending.refused(error)
-            except Exception as error:  # noqa: BLE001 - every failure is reported
-                pending.failed(error, retrying)
+            except _fanout.GaveUp as failed:  # noqa: PERF203 - a request a turn
+                pending.gave_up(failed)
             else:
                 _fanout.succeeded()
                 pending.answered(response)
@@ -408,18 +404,15 @@ class DecisionJudge(BaseJudge):
         )
         pending = _Pending(self, [rule for rule in unit if rule.rule_id not in known])
         while pending.group:
-            retrying = self.retrying(AsyncRetrying)
             try:
-                response: ClassifierResponse = await retrying(
+                response = await _fanout.acall(
+                    self.retry,
                     self._model.ainvoke,
                     pending.request(text),
                     judgment_config(config, *pending.rules),
                 )
-            except ModelRefusalError as error:
-                _fanout.succeeded()
-                pending.refused(error)
-            except Exception as error:  # noqa: BLE001 - every failure is reported
-                pending.failed(error, retrying)
+            except _fanout.GaveUp as failed:  # noqa: PERF203 - a request a turn
+                pending.gave_up(failed)
             else:
                 _fanout.succeeded()
                 pending.answered(response)
@@ -444,10 +437,6 @@ class DecisionJudge(BaseJudge):
             raise JudgmentError(rule.rule_id, why, kind=kind)
         known.update((v.rule_id, v) for _, v in judged)
         return [known[rule.rule_id] for rule in unit]
-
-    def retrying(self, kind: type[_fanout.RetryingT]) -> _fanout.RetryingT:
-        """This judge's retry loop in its fan-out (waits out shared pauses)."""
-        return _fanout.retrying(self.retry, kind)
 
 
 class _Pending:
@@ -542,10 +531,15 @@ class _Pending:
         half = len(group) // 2
         self.queue[:0] = [group[:half], group[half:]]
 
-    def failed(self, error: Exception, retrying: Retrying | AsyncRetrying) -> None:
+    def gave_up(self, failed: _fanout.GaveUp) -> None:
+        """A refusal takes its questions out; any other failure fails them all."""
+        error, attempts = failed.error, failed.attempts
         if isinstance(error, _fanout.Abandoned):
             raise error
-        attempts = retrying.statistics.get("attempt_number", 1)
+        if isinstance(error, ModelRefusalError):
+            _fanout.succeeded()  # the model answered
+            self.refused(error)
+            return
         kind = failure_kind(error, self.judge.retry or ONE_ATTEMPT)
         why = f"{describe_error(error)} (after {attempts} attempt(s))"
         for group in self.queue:

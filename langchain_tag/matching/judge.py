@@ -29,7 +29,6 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig, RunnableSerializable, ensure_config
 from langchain_core.stores import BaseStore
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
-from tenacity import AsyncRetrying, Retrying
 
 from langchain_tag._text import answer_text, check_text, describe_error, digest
 from langchain_tag.cache import InMemoryVerdictCache
@@ -488,7 +487,7 @@ class ApplicabilityJudge(BaseJudge):
     def call_model(
         self, messages: list[BaseMessage], config: RunnableConfig, *, batch: bool
     ) -> Any:
-        """One model call, no retries (wrap it in `retrying`); its output, unread."""
+        """One model call, no retries (`_fanout.call` adds them); its output, unread."""
         return self._calls.invoke(messages, config, self._schema(batch=batch))
 
     async def acall_model(
@@ -656,22 +655,17 @@ class ApplicabilityJudge(BaseJudge):
             raise JudgmentError(rule.rule_id, error, kind=kind)
         return Verdict(rule_id=rule.rule_id, applies=False, error=error)
 
-    def retrying(self, kind: type[_fanout.RetryingT]) -> _fanout.RetryingT:
-        """This judge's retry loop (`Retrying` or `AsyncRetrying`) in its fan-out."""
-        return _fanout.retrying(self.retry, kind)
-
-    def given_up(
-        self, rule: Rule, error: Exception, retrying: Retrying | AsyncRetrying
-    ) -> Verdict:
+    def given_up(self, rule: Rule, failed: _fanout.GaveUp) -> Verdict:
         """The failed verdict of a call that failed after its retries.
 
         Raises:
-            Abandoned: `error` is one (another judgment of the fan-out failed).
+            Abandoned: The call was given up because another judgment of the
+                fan-out failed.
             JudgmentError: Under `on_error="raise"`.
         """
+        error, attempts = failed.error, failed.attempts
         if isinstance(error, _fanout.Abandoned):
             raise error
-        attempts = retrying.statistics.get("attempt_number", 1)
         return self._failed(
             rule,
             f"{describe_error(error)} (after {attempts} attempt(s))",
@@ -728,13 +722,16 @@ class ApplicabilityJudge(BaseJudge):
         text, rule = unpack_request(request)
         if (hit := self._recalled(text, rule)) is not None:
             return hit
-        retrying = self.retrying(Retrying)
         try:
-            output = retrying(
-                self.call_model, self.messages(text, rule), config, batch=False
+            output = _fanout.call(
+                self.retry,
+                self.call_model,
+                self.messages(text, rule),
+                config,
+                batch=False,
             )
-        except Exception as error:  # noqa: BLE001 - every failure is reported
-            verdict = self.given_up(rule, error, retrying)
+        except _fanout.GaveUp as failed:
+            verdict = self.given_up(rule, failed)
         else:
             verdict = self.read(rule, output)
         memory = self.memory
@@ -749,13 +746,16 @@ class ApplicabilityJudge(BaseJudge):
         text, rule = unpack_request(request)
         if (hit := await self._arecalled(text, rule)) is not None:
             return hit
-        retrying = self.retrying(AsyncRetrying)
         try:
-            output: Any = await retrying(
-                self.acall_model, self.messages(text, rule), config, batch=False
+            output: Any = await _fanout.acall(
+                self.retry,
+                self.acall_model,
+                self.messages(text, rule),
+                config,
+                batch=False,
             )
-        except Exception as error:  # noqa: BLE001 - every failure is reported
-            verdict = self.given_up(rule, error, retrying)
+        except _fanout.GaveUp as failed:
+            verdict = self.given_up(rule, failed)
         else:
             verdict = self.read(rule, output)
         memory = self.memory

@@ -10,6 +10,7 @@ prefix caching bill once.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -327,8 +328,13 @@ def render_judge_batch_message(
     )
 
 
+@functools.lru_cache(maxsize=64)
 def render_judge_input(text: str, question: str = JUDGE_QUESTION) -> str:
-    """The part of the judge's user message shared by every rule judged on `text`."""
+    """The part of the judge's user message shared by every rule judged on `text`.
+
+    Cached: the M judgments of one input share it (its digest is a hash of the
+    whole input).
+    """
     escaped = escape_delimiters(text)
     return _JUDGE_INPUT_TEMPLATE.format(
         question=question, tag=data_tag("input", escaped), input=escaped
@@ -339,7 +345,15 @@ def render_judge_rule(
     rule_fields: Sequence[tuple[str, str]], output_instruction: str
 ) -> str:
     """The rule block and the answer format that end the judge's user message."""
-    rendered = render_rule_fields(rule_fields)
+    return _judge_rule(tuple(map(tuple, rule_fields)), output_instruction)
+
+
+@functools.lru_cache(maxsize=4096)
+def _judge_rule(
+    rule_fields: tuple[tuple[str, ...], ...], output_instruction: str
+) -> str:
+    # Cached: a rule is rendered the same for every input it is judged against.
+    rendered = render_rule_fields(rule_fields)  # type: ignore[arg-type]
     return _JUDGE_RULE_TEMPLATE.format(
         tag=data_tag("rule", rendered),
         rule_fields=rendered,

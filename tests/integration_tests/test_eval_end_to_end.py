@@ -62,10 +62,12 @@ def test_every_npov_method_and_the_vfr_judge_over_http(
     # Everything but what needs gold labels (none in WNC) or a cheap judge.
     assert ran == {m.name for m in standard_methods("npov")} - {
         "oracle",
+        "oracle-decision",  # no gold labels
         "oracle+hybrid-n40",
         "oracle+learned",
         "tag+learned",
         "tag-cascade",
+        "tag-decision",
     }
     for name in ran:
         row = rows[name]

@@ -109,10 +109,12 @@ async def test_every_npov_method_and_the_vfr_judge_run_end_to_end() -> None:
     ran = {name for name, r in results.items() if r.status == "ok"}
     expected = {m.name for m in standard_methods("npov")} - {
         "oracle",
+        "oracle-decision",  # no gold labels
         "oracle+hybrid-n40",
         "oracle+learned",
         "tag+learned",  # no gold labels to learn from
         "tag-cascade",  # no cheap judge
+        "tag-decision",  # no decision model
     }
     assert ran == expected
     for result in results.values():
