@@ -34,7 +34,6 @@ from langchain_core.decisions import (
     BaseDecisionModel,
     ClassifierResponse,
     Noul,
-    NoulAnswer,
     Question,
     State,
 )
@@ -42,9 +41,6 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
-    InputTokenDetails,
-    OutputTokenDetails,
-    UsageMetadata,
 )
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import PrivateAttr
@@ -62,6 +58,7 @@ from langchain_tag.matching import (
     DecisionJudge,
     RuleSchemaProfile,
 )
+from langchain_tag.matching.decision import noul_response
 from langchain_tag.matching.prompts import read_decision_question, read_judge_message
 from langchain_tag.usage import token_counter
 
@@ -292,7 +289,7 @@ class OracleDecisionModel(BaseDecisionModel):
             raise OracleError(msg)
         asked = {name: self._asked(name, q) for name, q in questions.items()}
         answers = {
-            name: NoulAnswer(type="noul", noul=1.0 if rule_id in gold else 0.0)
+            name: 1.0 if rule_id in gold else 0.0
             for name, (_, rule_id) in asked.items()
         }
         tokens = decision_request_tokens(
@@ -302,17 +299,11 @@ class OracleDecisionModel(BaseDecisionModel):
             self._calls += 1
             self._lookups += len(questions)
             number = self._calls
-        return ClassifierResponse(
-            model=self.model,
-            answers=answers,
-            usage=UsageMetadata(
-                input_tokens=tokens,
-                output_tokens=0,
-                total_tokens=tokens,
-                input_token_details=InputTokenDetails(cache_read=0),
-                output_token_details=OutputTokenDetails(reasoning=0),
-            ),
-            request_id=f"oracle-{number}",
+        return noul_response(
+            self.model,
+            answers,
+            tokens,
+            f"oracle-{number}",
         )
 
     async def _aclassify(

@@ -19,7 +19,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForChainRun,
@@ -34,18 +34,19 @@ from langchain_core.decisions import (
 )
 from langchain_core.exceptions import ModelRefusalError
 from langchain_core.language_models import BaseChatModel
+from langchain_core.messages.ai import (
+    InputTokenDetails,
+    OutputTokenDetails,
+    UsageMetadata,
+)
 from langchain_core.runnables import RunnableConfig
-from langchain_core.stores import BaseStore
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from langchain_tag._text import batches, check_text, describe_error, digest
-from langchain_tag.cache import InMemoryVerdictCache
+from langchain_tag._text import batches, check_text, digest
 from langchain_tag.matching import _fanout, prompts
 from langchain_tag.matching._fanout import judgment_config
-from langchain_tag.matching.judge import BaseJudge, JudgeInput, unpack_request
-from langchain_tag.matching.memory import VerdictMemory
+from langchain_tag.matching.judge import JudgeInput, ModelJudge, unpack_request
 from langchain_tag.matching.profiles import (
-    CONDITION_PROFILE,
     ApplicableOutput,
     RuleSchemaProfile,
 )
@@ -53,10 +54,7 @@ from langchain_tag.matching.verdicts import (
     FailureKind,
     JudgmentError,
     Verdict,
-    VerdictSink,
-    failure_kind,
 )
-from langchain_tag.models import ONE_ATTEMPT, CallRetry
 from langchain_tag.rules import Rule
 
 __all__ = [
@@ -64,6 +62,7 @@ __all__ = [
     "decision_criteria",
     "decision_identity",
     "decision_question",
+    "noul_response",
     "question_names",
 ]
 
@@ -163,6 +162,34 @@ def decision_criteria(profile: RuleSchemaProfile) -> NoulCriteria:
     )
 
 
+def noul_response(
+    model: str,
+    probabilities: Mapping[str, float],
+    input_tokens: int,
+    request_id: str,
+) -> ClassifierResponse:
+    """A decision model's response of `Noul` answers, billed for input tokens only.
+
+    The usage in the shape `OpenAIClassifier` reports the Decisions API's, for the
+    decision models that stand in for one (the evaluation oracle, the fakes).
+    """
+    return ClassifierResponse(
+        model=model,
+        answers={
+            name: NoulAnswer(type="noul", noul=probability)
+            for name, probability in probabilities.items()
+        },
+        usage=UsageMetadata(
+            input_tokens=input_tokens,
+            output_tokens=0,
+            total_tokens=input_tokens,
+            input_token_details=InputTokenDetails(cache_read=0, cache_creation=0),
+            output_token_details=OutputTokenDetails(reasoning=0),
+        ),
+        request_id=request_id,
+    )
+
+
 def decision_identity(model: BaseDecisionModel) -> str:
     """A string naming a decision model, its settings and endpoint, for cache keys.
 
@@ -181,7 +208,7 @@ def decision_identity(model: BaseDecisionModel) -> str:
     )
 
 
-class DecisionJudge(BaseJudge):
+class DecisionJudge(ModelJudge):
     """Judge with a decision model: one `Noul` per rule, many rules per request.
 
     Every candidate rule of one input is asked in one request (in chunks of
@@ -206,27 +233,12 @@ class DecisionJudge(BaseJudge):
 
     model: BaseDecisionModel
     """The decision model that answers the questions."""
-    profile: RuleSchemaProfile = CONDITION_PROFILE
-    """What the model sees of each rule (its judge-side fields, never the action)."""
     questions_per_request: int = Field(default=200, ge=1)
     """Questions in one request at most (OpenAI's Decisions API: 200 in its docs;
     TypeSafe: 32)."""
     decision_threshold: float = Field(default=0.5, ge=0.0, le=1.0)
     """A rule applies when its probability of YES is at least this."""
-    retry: CallRetry | None = Field(default_factory=CallRetry)
-    """Our retries, the one layer: the model's client retries are turned off on
-    the judge's copy (`max_retries=0`) where it has them."""
-    on_error: Literal["raise", "not_applicable"] = "raise"
-    """After retries (or a refusal): raise `JudgmentError`, or flag the verdict."""
-    cache: BaseStore[str, str] | None = Field(default_factory=InMemoryVerdictCache)
-    """Where verdicts are remembered; None disables caching."""
-    verdict_log: VerdictSink | None = None
-    """Where every judgment made (not cache hits) is appended."""
-    log_source: str = "judge"
-    """How the log marks this judge's verdicts."""
-
     _model: BaseDecisionModel = PrivateAttr()
-    _identity: str = PrivateAttr(default="")
     _key_prefix: str = PrivateAttr(default="")
     _criteria: NoulCriteria = PrivateAttr()
     _question: str = PrivateAttr(default="")
@@ -272,24 +284,6 @@ class DecisionJudge(BaseJudge):
         """The decision model's identity (`decision_identity`)."""
         return self._identity
 
-    @property
-    def memory(self) -> VerdictMemory | None:
-        """The judge's `cache` and `verdict_log`, keyed and marked by this judge."""
-        if self.cache is None and self.verdict_log is None:
-            return None
-        return VerdictMemory(
-            self.cache, self.verdict_log, self.cache_key, self.log_fields
-        )
-
-    def with_call_retry(self, retry: CallRetry) -> DecisionJudge:
-        """A judge like this one retrying by `retry`."""
-        fields = {name: getattr(self, name) for name in type(self).model_fields}
-        return type(self)(**{**fields, "retry": retry})
-
-    def judged_fields(self, rule: Rule) -> list[tuple[str, str]]:
-        """The (label, value) pairs of `rule` in its question: no action."""
-        return self.profile.judged_fields(rule)
-
     def question(self, rule: Rule) -> Noul:
         """The exact question that judges `rule` (no action in it)."""
         return Noul(
@@ -308,17 +302,10 @@ class DecisionJudge(BaseJudge):
         payload = json.dumps([self._key_prefix, digest(text), self.judged_fields(rule)])
         return hashlib.sha256(payload.encode()).hexdigest()
 
-    def log_fields(self, rule: Rule, explore: float | None = None) -> dict[str, Any]:
-        """What the verdict log records with a verdict of this judge on `rule`."""
-        return {
-            "model": self._identity,
-            "prompt_version": prompts.DECISION_VERSION,
-            "profile": self.profile.name,
-            "source": self.log_source,
-            "explore": (
-                _fanout.explore_rate(rule.rule_id) if explore is None else explore
-            ),
-        }
+    @property
+    def question_version(self) -> str:
+        """The decision questions' version."""
+        return prompts.DECISION_VERSION
 
     def call_units(self, rules: Sequence[Rule]) -> list[Sequence[Rule]]:
         """`questions_per_request` rules per request."""
@@ -533,15 +520,11 @@ class _Pending:
 
     def gave_up(self, failed: _fanout.GaveUp) -> None:
         """A refusal takes its questions out; any other failure fails them all."""
-        error, attempts = failed.error, failed.attempts
-        if isinstance(error, _fanout.Abandoned):
-            raise error
-        if isinstance(error, ModelRefusalError):
+        if isinstance(failed.error, ModelRefusalError):
             _fanout.succeeded()  # the model answered
-            self.refused(error)
+            self.refused(failed.error)
             return
-        kind = failure_kind(error, self.judge.retry or ONE_ATTEMPT)
-        why = f"{describe_error(error)} (after {attempts} attempt(s))"
+        why, kind = self.judge.why(failed)
         for group in self.queue:
             for name in group:
                 self._fail(self.rule_of[name], why, kind)

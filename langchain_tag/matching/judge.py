@@ -29,6 +29,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig, RunnableSerializable, ensure_config
 from langchain_core.stores import BaseStore
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from typing_extensions import Self
 
 from langchain_tag._text import answer_text, check_text, describe_error, digest
 from langchain_tag.cache import InMemoryVerdictCache
@@ -321,7 +322,120 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         return verdicts
 
 
-class ApplicabilityJudge(BaseJudge):
+class ModelJudge(BaseJudge):
+    """What a judge backed by one model shares.
+
+    The rule's judge-side fields, the one retry layer, the failure policy, and its
+    verdicts' cache and log. `ApplicabilityJudge` (a chat model) and
+    `matching.decision.DecisionJudge` (a decision model) are the two; a subclass
+    names its model (`_identity`) and the version of what it asks
+    (`question_version`) for the log.
+    """
+
+    profile: RuleSchemaProfile = CONDITION_PROFILE
+    """What the judge sees of each rule (never the action) and how it answers."""
+    retry: CallRetry | None = Field(default_factory=CallRetry)
+    """Our retries, the one layer: the judge's copy of the model has its client's
+    own retries (`max_retries`, as ChatOpenAI, ChatAnthropic and OpenAIClassifier
+    have) turned off. None makes one attempt and leaves the model's client
+    retries as they are."""
+    on_error: Literal["raise", "not_applicable"] = "raise"
+    """After retries: raise `JudgmentError`, or flag the verdict and treat it as NO."""
+    cache: BaseStore[str, str] | None = Field(default_factory=InMemoryVerdictCache)
+    """Where verdicts are remembered (any `BaseStore[str, str]`: the in-memory
+    LRU, `SQLiteVerdictCache`, a LangChain store); None disables caching."""
+    verdict_log: VerdictSink | None = None
+    """Where every judgment made (not cache hits) is appended, to learn from (a
+    `VerdictLog` of `langchain_tag.learning`); None keeps none. Verdicts of rules a
+    fan-out judges for exploration (`explored=`) are marked with their rate."""
+    log_source: str = "judge"
+    """How the log marks this judge's verdicts (a cascade's stages and the
+    relevance baseline mark theirs, so that training can leave them out)."""
+
+    _identity: str = PrivateAttr(default="")
+
+    @property
+    @abstractmethod
+    def question_version(self) -> str:
+        """The version of what the model is asked, as the log records it."""
+
+    @property
+    def memory(self) -> VerdictMemory | None:
+        """The judge's `cache` and `verdict_log`, keyed and marked by this judge."""
+        if self.cache is None and self.verdict_log is None:
+            return None
+        return VerdictMemory(
+            self.cache, self.verdict_log, self.cache_key, self.log_fields
+        )
+
+    def log_fields(self, rule: Rule, explore: float | None = None) -> dict[str, Any]:
+        """What the verdict log records with a verdict of this judge on `rule`."""
+        return {
+            "model": self._identity,
+            "prompt_version": self.question_version,
+            "profile": self.profile.name,
+            "source": self.log_source,
+            "explore": (
+                _fanout.explore_rate(rule.rule_id) if explore is None else explore
+            ),
+        }
+
+    def judged_fields(self, rule: Rule) -> list[tuple[str, str]]:
+        """The (label, value) pairs of `rule` the model sees: the profile's, no action.
+
+        Prompt, cache key and prefix share all follow this; only the relevance
+        baseline (`langchain_tag.baselines.RelevanceJudge`) adds the action.
+        """
+        return self.profile.judged_fields(rule)
+
+    def remade(self, **changes: Any) -> Self:
+        """A judge like this one with `changes` to its fields, set up anew."""
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        return type(self)(**{**fields, **changes})
+
+    def with_call_retry(self, retry: CallRetry) -> Self:
+        """A judge like this one (same model, cache, profile) retrying by `retry`."""
+        return self.remade(retry=retry)
+
+    def failed(
+        self, rule: Rule, error: str, kind: FailureKind = "permanent"
+    ) -> Verdict:
+        """A failed judgment of `rule`, by `on_error`: flagged, or raised.
+
+        Raises:
+            JudgmentError: Under `on_error="raise"`.
+        """
+        if self.on_error == "raise":
+            raise JudgmentError(rule.rule_id, error, kind=kind)
+        return Verdict(rule_id=rule.rule_id, applies=False, error=error)
+
+    def given_up(self, rule: Rule, failed: _fanout.GaveUp) -> Verdict:
+        """The failed verdict of a call that failed after its retries.
+
+        Raises:
+            Abandoned: The call was given up because another judgment of the
+                fan-out failed.
+            JudgmentError: Under `on_error="raise"`.
+        """
+        return self.failed(rule, *self.why(failed))
+
+    def why(self, failed: _fanout.GaveUp) -> tuple[str, FailureKind]:
+        """What a failed verdict says of a call given up, and the failure's kind.
+
+        Raises:
+            Abandoned: The call was given up because another judgment of the
+                fan-out failed (nothing to say: the fan-out is stopping).
+        """
+        error = failed.error
+        if isinstance(error, _fanout.Abandoned):
+            raise error
+        return (
+            f"{describe_error(error)} (after {failed.attempts} attempt(s))",
+            failure_kind(error, self.retry or ONE_ATTEMPT),
+        )
+
+
+class ApplicabilityJudge(ModelJudge):
     """A Runnable that judges whether an input satisfies one rule's condition.
 
     Works with any `BaseChatModel`: structured output where the model supports it,
@@ -349,8 +463,6 @@ class ApplicabilityJudge(BaseJudge):
 
     llm: BaseChatModel
     """The chat model that judges."""
-    profile: RuleSchemaProfile = CONDITION_PROFILE
-    """What the judge sees of each rule and how it answers."""
     structured_output: Literal["auto", "always", "never"] = "auto"
     """`auto`: structured output when the model implements it, else text parsing."""
     temperature: float | None = 0.0
@@ -358,22 +470,6 @@ class ApplicabilityJudge(BaseJudge):
     logprobs: bool = False
     """Ask for logprobs (models with a `logprobs` field, e.g. ChatOpenAI) and score."""
     top_logprobs: int = 5
-    retry: CallRetry | None = Field(default_factory=CallRetry)
-    """Our retries, the one layer: the judge's copy of the model has its client's
-    own retries (`max_retries`, as ChatOpenAI and ChatAnthropic have) turned off.
-    None makes one attempt and leaves the model's client retries as they are."""
-    on_error: Literal["raise", "not_applicable"] = "raise"
-    """After retries: raise `JudgmentError`, or flag the verdict and treat it as NO."""
-    cache: BaseStore[str, str] | None = Field(default_factory=InMemoryVerdictCache)
-    """Where verdicts are remembered (any `BaseStore[str, str]`: the in-memory
-    LRU, `SQLiteVerdictCache`, a LangChain store); None disables caching."""
-    verdict_log: VerdictSink | None = None
-    """Where every judgment made (not cache hits) is appended, to learn from (a
-    `VerdictLog` of `langchain_tag.learning`); None keeps none. Verdicts of rules a
-    fan-out judges for exploration (`explored=`) are marked with their rate."""
-    log_source: str = "judge"
-    """How the log marks this judge's verdicts (a cascade's stages and the
-    relevance baseline mark theirs, so that training can leave them out)."""
     rules_per_call: int = Field(default=1, ge=1)
     """Rules judged in one model call. 1 is the method (one judgment per pair);
     more cuts calls and prompt tokens (the input is sent once per call), at a cost
@@ -390,7 +486,6 @@ class ApplicabilityJudge(BaseJudge):
     _calls: StructuredFallback = PrivateAttr()
     _asked: RuleSchemaProfile = PrivateAttr(default=CONDITION_PROFILE)
     _key_prefix: str = PrivateAttr(default="")
-    _identity: str = PrivateAttr(default="")
 
     def model_post_init(self, context: Any, /) -> None:  # noqa: D102
         if self.rules_per_call > 1 and self.profile.batch_output_schema is None:
@@ -448,18 +543,13 @@ class ApplicabilityJudge(BaseJudge):
         """The judging model."""
         return self.llm
 
-    def with_call_retry(self, retry: CallRetry) -> ApplicabilityJudge:
-        """A judge like this one (same model, cache, profile) retrying by `retry`."""
-        return self.remade(retry=retry)
-
-    def remade(self, **changes: Any) -> ApplicabilityJudge:
+    def remade(self, **changes: Any) -> Self:
         """A judge like this one with `changes` to its fields, set up anew.
 
         On the same model it remembers what this one learnt: a server that ignores
         structured output is judged from its text from the start.
         """
-        fields = {name: getattr(self, name) for name in type(self).model_fields}
-        judge = type(self)(**{**fields, **changes})
+        judge = super().remade(**changes)
         if "llm" not in changes:
             judge._calls.remember(self._calls)  # noqa: SLF001 - same class
         return judge
@@ -504,14 +594,6 @@ class ApplicabilityJudge(BaseJudge):
 
     question: ClassVar[str] = prompts.JUDGE_QUESTION
     """The user message's opening line: what to decide about the rule."""
-
-    def judged_fields(self, rule: Rule) -> list[tuple[str, str]]:
-        """The (label, value) pairs of `rule` in the prompt: the profile's, no action.
-
-        Prompt, cache key and prefix share all follow this; only the relevance
-        baseline (`langchain_tag.baselines.RelevanceJudge`) adds the action.
-        """
-        return self.profile.judged_fields(rule)
 
     def messages(self, text: str, rule: Rule) -> list[BaseMessage]:
         """The exact messages that judge `rule` against `text` (no action in them)."""
@@ -620,7 +702,7 @@ class ApplicabilityJudge(BaseJudge):
             decision = parse_verdict(answer, schema=schema)
             if decision is None:
                 # Deterministic at temperature 0, so not retried.
-                return self._failed(rule, _unreadable(answer), kind="unreadable")
+                return self.failed(rule, _unreadable(answer), kind="unreadable")
         # With a reason first, the score is read after the decision's key.
         score_key = answer_format(schema).keys[0] if self.rationale else None
         score = score_from_logprobs(raw, after_key=score_key) if self.logprobs else None
@@ -644,60 +726,20 @@ class ApplicabilityJudge(BaseJudge):
         except JudgmentError:
             raise
         except Exception as error:  # noqa: BLE001 - reported through the policy
-            return self._failed(
+            return self.failed(
                 rule, f"reading the judge's answer failed: {describe_error(error)}"
             )
-
-    def _failed(
-        self, rule: Rule, error: str, *, kind: FailureKind = "permanent"
-    ) -> Verdict:
-        if self.on_error == "raise":
-            raise JudgmentError(rule.rule_id, error, kind=kind)
-        return Verdict(rule_id=rule.rule_id, applies=False, error=error)
-
-    def given_up(self, rule: Rule, failed: _fanout.GaveUp) -> Verdict:
-        """The failed verdict of a call that failed after its retries.
-
-        Raises:
-            Abandoned: The call was given up because another judgment of the
-                fan-out failed.
-            JudgmentError: Under `on_error="raise"`.
-        """
-        error, attempts = failed.error, failed.attempts
-        if isinstance(error, _fanout.Abandoned):
-            raise error
-        return self._failed(
-            rule,
-            f"{describe_error(error)} (after {attempts} attempt(s))",
-            kind=failure_kind(error, self.retry or ONE_ATTEMPT),
-        )
 
     # -- the cache and the log ---------------------------------------------------------
 
     @property
-    def memory(self) -> VerdictMemory | None:
-        """The judge's `cache` and `verdict_log`, keyed and marked by this judge."""
-        if self.cache is None and self.verdict_log is None:
-            return None
-        return VerdictMemory(
-            self.cache, self.verdict_log, self.cache_key, self.log_fields
+    def question_version(self) -> str:
+        """The judge prompt's version (and the rationale's, when asked)."""
+        return (
+            f"{prompts.PROMPT_VERSION}+{prompts.RATIONALE_VERSION}"
+            if self.rationale
+            else prompts.PROMPT_VERSION
         )
-
-    def log_fields(self, rule: Rule, explore: float | None = None) -> dict[str, Any]:
-        """What the verdict log records with a verdict of this judge on `rule`."""
-        return {
-            "model": self._identity,
-            "prompt_version": (
-                f"{prompts.PROMPT_VERSION}+{prompts.RATIONALE_VERSION}"
-                if self.rationale
-                else prompts.PROMPT_VERSION
-            ),
-            "profile": self.profile.name,
-            "source": self.log_source,
-            "explore": (
-                _fanout.explore_rate(rule.rule_id) if explore is None else explore
-            ),
-        }
 
     def _recalled(self, text: str, rule: Rule) -> Verdict | None:
         memory = self.memory

@@ -10,6 +10,9 @@
 - `agents`: `ToolLoopFakeChatModel`, an agent's model that calls a tool, then answers.
 - `embeddings`: `HashingFakeEmbeddings`.
 - `npov`: `NPOVFakeChatModel`, judge, NPOV executor and VFR judge from known pairs.
+- `decisions`: `RuleAwareFakeDecisionModel`, a fake decision model, and
+  `FakeDecisionsServer`, OpenAI's Decisions API (and chat completions) on loopback.
+- `stores`: `CountingStore`, which counts a store's round trips.
 - `server`: `FakeOpenAIServer`, an OpenAI-compatible HTTP endpoint on loopback.
 - `batch_server`: `FakeBatchServer`, OpenAI's Files and Batch APIs (and chat
   completions) on loopback, batches run by `BatchScript`.
@@ -40,10 +43,12 @@ from langchain_tag.testing.scripted import (
     TransientFakeError,
 )
 from langchain_tag.testing.server import FakeOpenAIServer, Refusal
+from langchain_tag.testing.stores import CountingStore
 
 __all__ = [
     "OFFLINE_NOTE",
     "BatchScript",
+    "CountingStore",
     "ExtractionFakeChatModel",
     "FakeBatchServer",
     "FakeClock",

@@ -28,19 +28,14 @@ from langchain_core.decisions import (
     BaseDecisionModel,
     ClassifierResponse,
     Noul,
-    NoulAnswer,
     Question,
     State,
 )
 from langchain_core.exceptions import ModelRefusalError
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import (
-    InputTokenDetails,
-    OutputTokenDetails,
-    UsageMetadata,
-)
 from pydantic import Field, PrivateAttr
 
+from langchain_tag.matching.decision import noul_response
 from langchain_tag.matching.prompts import read_decision_question
 from langchain_tag.testing.judges import condition_holds
 from langchain_tag.testing.server import FakeOpenAIServer, Refusal
@@ -225,22 +220,11 @@ class RuleAwareFakeDecisionModel(BaseDecisionModel):
             msg = f"The fake decision model refused to answer: {', '.join(refused)}."
             raise ModelRefusalError(msg)
         input_tokens = _input_tokens(state, [text for _, text in asked])
-        return ClassifierResponse(
-            model=self.model,
-            answers={
-                name: NoulAnswer(type="noul", noul=probability)
-                for name, probability in answered.items()
-                if probability is not None
-            },
-            # What OpenAIClassifier reports for the server's usage, detail for detail.
-            usage=UsageMetadata(
-                input_tokens=input_tokens,
-                output_tokens=0,
-                total_tokens=input_tokens,
-                input_token_details=InputTokenDetails(cache_read=0, cache_creation=0),
-                output_token_details=OutputTokenDetails(reasoning=0),
-            ),
-            request_id=f"req_fake_{number}",
+        return noul_response(
+            self.model,
+            {name: p for name, p in answered.items() if p is not None},
+            input_tokens,
+            f"req_fake_{number}",
         )
 
     async def _aclassify(

@@ -24,7 +24,11 @@ from langchain_tag import (
 from langchain_tag.cache import InMemoryVerdictCache
 from langchain_tag.matching import CascadeJudge, CascadeStats, UnreliableMatchWarning
 from langchain_tag.query_graph import QueryContext, build_query_graph
-from langchain_tag.testing import NoisyJudgeFakeChatModel, RuleAwareFakeChatModel
+from langchain_tag.testing import (
+    CountingStore,
+    NoisyJudgeFakeChatModel,
+    RuleAwareFakeChatModel,
+)
 
 # Satisfies PEP8-IMPORT-WILDCARD and PEP8-NONE-IDENTITY; the other 7 rules are NOs.
 QUERY = "from os import *\n\nif x == None:\n    pass\n"
@@ -391,21 +395,14 @@ def test_noisy_fake_errs_at_its_rates_repeatably() -> None:
 def test_a_cached_query_is_two_lookups_and_no_call(
     pep8_rulebook: Rulebook, *, use_async: bool
 ) -> None:
-    lookups: list[str] = []
-
-    class Counted(InMemoryVerdictCache):
-        def mget(self, keys: Any) -> list[str | None]:
-            lookups.append("mget")
-            return super().mget(keys)
-
-        async def amget(self, keys: Any) -> list[str | None]:
-            lookups.append("mget")
-            return super().mget(keys)
-
+    caches = (
+        CountingStore(InMemoryVerdictCache()),
+        CountingStore(InMemoryVerdictCache()),
+    )
     cheap, strong = cheap_model(), RuleAwareFakeChatModel()
     judge = CascadeJudge(
-        cheap=ApplicabilityJudge(llm=cheap, logprobs=True, cache=Counted()),
-        strong=ApplicabilityJudge(llm=strong, cache=Counted()),
+        cheap=ApplicabilityJudge(llm=cheap, logprobs=True, cache=caches[0]),
+        strong=ApplicabilityJudge(llm=strong, cache=caches[1]),
     )
     retriever = TAGRetriever(rulebook=pep8_rulebook, judge=judge)
 
@@ -419,10 +416,12 @@ def test_a_cached_query_is_two_lookups_and_no_call(
     first = match()
     calls = (len(cheap.prompts), len(strong.prompts))
     judge.reset_stats()
-    lookups.clear()
+    for cache in caches:
+        cache.calls.clear()
     again = match()
     assert [d.id for d in again.documents] == [d.id for d in first.documents]
-    assert len(lookups) == 2  # the cheap stage's, then the escalated pairs' strong
+    # The cheap stage's lookup, then the escalated pairs' in the strong stage's.
+    assert [cache.calls["mget"] for cache in caches] == [1, 1]
     assert (len(cheap.prompts), len(strong.prompts)) == calls
     assert judge.stats.cheap_calls == len(pep8_rulebook.rules)
     assert {v.decided_by for v in again.verdicts} == {"cheap", "strong"}

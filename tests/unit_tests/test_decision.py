@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,6 +39,7 @@ from langchain_tag.testing.decisions import (
     RuleAwareFakeDecisionModel,
 )
 from langchain_tag.testing.server import Refusal
+from langchain_tag.testing.stores import CountingStore
 
 pytestmark = [
     pytest.mark.usefixtures("loopback"),  # the fake API, on 127.0.0.1
@@ -52,31 +53,6 @@ QUICK = CallRetry(max_attempts=3, initial_delay=0.0, jitter=0.0)
 AT_ONCE = Refusal(
     headers={"retry-after": "0", "retry-after-ms": "1"}, code="rate_limit_exceeded"
 )
-
-
-class CountingCache(InMemoryVerdictCache):
-    """The in-memory cache, counting lookups and writes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.mgets = 0
-        self.msets = 0
-
-    def mget(self, keys: Sequence[str]) -> list[str | None]:
-        self.mgets += 1
-        return super().mget(keys)
-
-    async def amget(self, keys: Sequence[str]) -> list[str | None]:
-        self.mgets += 1
-        return super().mget(keys)
-
-    def mset(self, key_value_pairs: Sequence[tuple[str, str]]) -> None:
-        self.msets += 1
-        super().mset(key_value_pairs)
-
-    async def amset(self, key_value_pairs: Sequence[tuple[str, str]]) -> None:
-        self.msets += 1
-        super().mset(key_value_pairs)
 
 
 @pytest.fixture
@@ -196,7 +172,7 @@ def test_a_refusal_under_raise_names_the_rule_and_keeps_the_paid_answers() -> No
     refusing = RuleAwareFakeDecisionModel(
         refuse=lambda _state, fields: fields.get("rule_id") == "R-003"
     )
-    cache = CountingCache()
+    cache = CountingStore(InMemoryVerdictCache())
     judge = DecisionJudge(model=refusing, cache=cache, retry=QUICK)
     rules = RULES.rules[:10]
     with pytest.raises(JudgmentError, match="R-003") as raised:
@@ -340,7 +316,7 @@ def test_the_threshold_decides_applies_and_the_score_ranks() -> None:
 def test_a_cached_query_is_one_lookup_and_no_request(
     server: FakeDecisionsServer, *, use_async: bool
 ) -> None:
-    cache = CountingCache()
+    cache = CountingStore(InMemoryVerdictCache())
     retriever = TAGRetriever(rulebook=RULES, llm=classifier(server), cache=cache)
 
     def match() -> Any:
@@ -349,11 +325,11 @@ def test_a_cached_query_is_one_lookup_and_no_request(
         )
 
     first = match()
-    assert cache.mgets == 1
+    assert cache.calls["mget"] == 1
     assert server.request_count == 2
-    cache.mgets = 0
+    cache.calls.clear()
     again = match()
-    assert cache.mgets == 1  # one lookup for all 250 rules
+    assert cache.calls["mget"] == 1  # one lookup for all 250 rules
     assert server.request_count == 2  # no model call
     assert [d.id for d in again.documents] == [d.id for d in first.documents]
     assert all(v.cached for v in again.verdicts)

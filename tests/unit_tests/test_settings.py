@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,26 +27,11 @@ from langchain_tag.testing import (
     trigger_rulebook,
 )
 from langchain_tag.testing.decisions import RuleAwareFakeDecisionModel
+from langchain_tag.testing.stores import CountingStore
 
 RULES = trigger_rulebook(30)
 TEXT = "trigger-004 and trigger-017 are here"
 MATCHED = ["R-004", "R-017"]
-
-
-class CountingCache(InMemoryVerdictCache):
-    """The in-memory cache, counting lookups."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.mgets = 0
-
-    def mget(self, keys: Sequence[str]) -> list[str | None]:
-        self.mgets += 1
-        return super().mget(keys)
-
-    async def amget(self, keys: Sequence[str]) -> list[str | None]:
-        self.mgets += 1
-        return super().mget(keys)
 
 
 # --- options are declared once and refused when unknown ------------------------------
@@ -66,7 +50,7 @@ def test_an_unknown_option_is_refused_with_the_known_ones() -> None:
 
 
 def test_the_retriever_uses_the_cache_it_is_given() -> None:
-    cache = CountingCache()
+    cache = CountingStore(InMemoryVerdictCache())
     retriever = TAGRetriever(rulebook=RULES, llm=RuleAwareFakeChatModel(), cache=cache)
     assert retriever.judge.memory is not None
     assert retriever.judge.memory.cache is cache
@@ -119,8 +103,8 @@ def test_the_environment_names_a_decision_model(
 # --- a fully cached query: one lookup, no model call, through every face --------------
 
 
-def _fakes() -> tuple[RuleAwareFakeDecisionModel, CountingCache]:
-    return RuleAwareFakeDecisionModel(), CountingCache()
+def _fakes() -> tuple[RuleAwareFakeDecisionModel, CountingStore]:
+    return RuleAwareFakeDecisionModel(), CountingStore(InMemoryVerdictCache())
 
 
 def test_a_cached_query_through_the_query_graph() -> None:
@@ -132,11 +116,11 @@ def test_a_cached_query_through_the_query_graph() -> None:
     first = graph.invoke({"query": TEXT, "rulebook": data}, context=context)
     assert [m["rule_id"] for m in first["matches"]] == MATCHED
     assert model.calls == 1
-    cache.mgets = 0
+    cache.calls.clear()
     again = graph.invoke({"query": TEXT, "rulebook": data}, context=context)
     assert [m["rule_id"] for m in again["matches"]] == MATCHED
     assert again["cost"]["cached"] == len(RULES.rules)
-    assert cache.mgets == 1
+    assert cache.calls["mget"] == 1
     assert model.calls == 1
 
 
@@ -167,10 +151,10 @@ def test_a_cached_query_through_the_middleware() -> None:
     agent_model = ToolLoopFakeChatModel(tool_rounds=2)
     agent = create_agent(agent_model, tools=[lookup], middleware=[middleware])
     for turn in range(2):
-        cache.mgets = 0
+        cache.calls.clear()
         state = agent.invoke({"messages": [HumanMessage(TEXT)]})
         assert [m["rule_id"] for m in state["tag"]["matched"]] == MATCHED
-        assert cache.mgets == 1
+        assert cache.calls["mget"] == 1
         # One request for the invocation's three model calls; then the cache.
         assert model.calls == 1, f"turn {turn}: judged once, then from the cache"
     assert all("Do thing 4" in (p or "") for p in agent_model.system_prompts)
@@ -183,9 +167,9 @@ def test_a_cached_bulk_run(tmp_path: Path) -> None:
     inputs = [BulkInput(id="a", input=TEXT)]
     job.run(inputs, tmp_path / "one.jsonl")
     assert model.calls == 1
-    cache.mgets = 0
+    cache.calls.clear()
     job.run(inputs, tmp_path / "two.jsonl")
-    assert cache.mgets == 1
+    assert cache.calls["mget"] == 1
     assert model.calls == 1
 
 
@@ -195,8 +179,8 @@ def test_a_cached_query_through_the_retriever_in_async(
     model, cache = _fakes()
     retriever = TAGRetriever(rulebook=RULES, llm=model, cache=cache)
     asyncio.run(retriever.ainvoke(TEXT))
-    cache.mgets = 0
+    cache.calls.clear()
     docs: Any = asyncio.run(retriever.ainvoke(TEXT))
     assert [d.id for d in docs] == MATCHED
-    assert cache.mgets == 1
+    assert cache.calls["mget"] == 1
     assert model.calls == 1
