@@ -548,8 +548,8 @@ class MatchEngine:
     ) -> MatchResult:
         """Every step: plan, judge, result; the judgments' usage is counted."""
         plan = self.plan(query, rules, options, config)
-        counter = UsageCounter()
-        verdicts = self.judge_rules(plan, counter.watch(config))
+        with UsageCounter().counting() as counter:
+            verdicts = self.judge_rules(plan, config)
         result = self.result(plan, verdicts, counter.usage)
         self.retrain_if_due(rules)
         return result
@@ -563,8 +563,8 @@ class MatchEngine:
     ) -> MatchResult:
         """Async `match`."""
         plan = await self.aplan(query, rules, options, config)
-        counter = UsageCounter()
-        verdicts = await self.ajudge_rules(plan, counter.watch(config))
+        with UsageCounter().counting() as counter:
+            verdicts = await self.ajudge_rules(plan, config)
         result = self.result(plan, verdicts, counter.usage)
         if self.retrainer is not None:  # reads the log: off the event loop
             await asyncio.to_thread(self.retrain_if_due, rules)

@@ -33,6 +33,7 @@ from tenacity import (
 )
 
 from langchain_tag.errors import TAGError
+from langchain_tag.usage import count_call
 
 if TYPE_CHECKING:
     from langchain_core.runnables import Runnable, RunnableConfig
@@ -715,6 +716,7 @@ class StructuredFallback:
             except STRUCTURED_PARSE_ERRORS as error:
                 if (recovered := self._refused(error)) is not None:
                     return recovered
+            count_call()  # asked again, as text
         return self.llm.invoke(messages, config)
 
     async def ainvoke(
@@ -731,6 +733,7 @@ class StructuredFallback:
             except STRUCTURED_PARSE_ERRORS as error:
                 if (recovered := self._refused(error)) is not None:
                     return recovered
+            count_call()  # asked again, as text
         return await self.llm.ainvoke(messages, config)
 
     def _checked(self, output: Any) -> Any:

@@ -840,9 +840,9 @@ def match_rule(
     """
     engine = _engine(request, _context(default), retry)
     planned, rules = _request(request)
-    counter = UsageCounter()
     # `plan` read the cache for every rule: only misses come here.
-    verdicts = engine.judge_rules(planned, counter.watch(config), rules, recalled=True)
+    with UsageCounter().counting() as counter:
+        verdicts = engine.judge_rules(planned, config, rules, recalled=True)
     return {"verdicts": verdicts, "judging_usage": [_marked(request, counter)]}
 
 
@@ -855,10 +855,8 @@ async def amatch_rule(
     """Async `match_rule`."""
     engine = _engine(request, _context(default), retry)
     planned, rules = _request(request)
-    counter = UsageCounter()
-    verdicts = await engine.ajudge_rules(
-        planned, counter.watch(config), rules, recalled=True
-    )
+    with UsageCounter().counting() as counter:
+        verdicts = await engine.ajudge_rules(planned, config, rules, recalled=True)
     return {"verdicts": verdicts, "judging_usage": [_marked(request, counter)]}
 
 

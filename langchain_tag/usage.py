@@ -4,6 +4,8 @@
   as providers report them in `AIMessage.usage_metadata`; added with `+`.
 - `UsageCounter`: LangChain's `UsageMetadataCallbackHandler` that also counts the
   calls; put it in a run's callbacks (`counter.watch(config)`) and read `usage`.
+  The engine counts its judgments without the callback (`counter.counting()`):
+  the one retry layer reports each attempt and its answer to it.
 - `TokenPrices`: USD per million input, cached input and output tokens, with the
   batch discount; `prices.cost(usage, batch=...)` is the one place usage is priced.
 - `PromptCaching` and `SimulatedPromptCache`: when a provider reads a prompt's
@@ -20,15 +22,17 @@ the cached-input price, and report it as `input_token_details["cache_read"]`.
 from __future__ import annotations
 
 import bisect
+import contextvars
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.callbacks import UsageMetadataCallbackHandler
 from langchain_core.decisions import ClassifierResponse
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.messages.ai import UsageMetadata, add_usage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config, merge_configs
@@ -228,6 +232,73 @@ class UsageCounter(UsageMetadataCallbackHandler):
         The callbacks already there, a list or a callback manager, are kept.
         """
         return merge_configs(ensure_config(config), {"callbacks": [self]})
+
+    @contextmanager
+    def counting(self) -> Iterator[Self]:
+        """Count the model calls the one retry layer makes inside, with no callback.
+
+        What the engine does for its judgments: a callback handler on every
+        judgment's run costs about 25 µs a judgment (`bench_matching`, async
+        path: the callback manager's copy and its events), a quarter of the
+        engine's own overhead; the one retry layer reports each attempt and its
+        answer here instead. Worker threads and tasks started inside inherit it.
+        """
+        token = _COUNTING.set(self)
+        try:
+            yield self
+        finally:
+            _COUNTING.reset(token)
+
+    def add_call(self) -> None:
+        """Count one model call (its answer, if any, comes to `add_answer`)."""
+        with self._lock:
+            self.calls += 1
+
+    def add_answer(self, output: object) -> None:
+        """Add the tokens an answer reports, as the callbacks would read them.
+
+        A chat answer (the message, or a structured call's `{"raw": message}`)
+        counts under its `response_metadata["model_name"]`; a decision model's
+        `ClassifierResponse` under its `model`.
+        """
+        if isinstance(output, Mapping):
+            output = output.get("raw")
+        if isinstance(output, AIMessage):
+            usage, model = (
+                output.usage_metadata,
+                output.response_metadata.get("model_name"),
+            )
+        elif isinstance(output, ClassifierResponse):
+            usage, model = output.usage, output.model
+        else:
+            return
+        if usage and model:
+            with self._lock:
+                known = self.usage_metadata.get(model)
+                self.usage_metadata[model] = (
+                    usage if known is None else add_usage(known, usage)
+                )
+
+
+_COUNTING: contextvars.ContextVar[UsageCounter | None] = contextvars.ContextVar(
+    "tag_usage_counting", default=None
+)
+
+
+def active_counter() -> UsageCounter | None:
+    """The counter `counting` now: a call site counts around its call with it.
+
+    (In place, not through a wrapping function: each coroutine layer costs a
+    judgment about 3 µs.)
+    """
+    return _COUNTING.get()
+
+
+def count_call() -> None:
+    """Count one more call within a counted one (a structured call asked again)."""
+    counter = _COUNTING.get()
+    if counter is not None:
+        counter.add_call()
 
 
 class TokenPrices(BaseModel):

@@ -24,6 +24,7 @@ from tenacity import AsyncRetrying, RetryCallState, Retrying
 
 from langchain_tag.errors import TAGError
 from langchain_tag.models import ONE_ATTEMPT, CallRetry, is_rate_limit
+from langchain_tag.usage import active_counter
 
 if TYPE_CHECKING:
     from langchain_tag.matching.limiter import ConcurrencyLimiter, Slot
@@ -96,6 +97,21 @@ def _before_attempt(state: RetryCallState) -> None:
         if not fan_out.slot.over_bound:
             return
         fan_out.slot.give_back()
+
+
+def _free_to_go() -> bool:
+    """Whether a first attempt may go at once: its slot held, no pause, in bound.
+
+    Checked before the `before` hook of a first attempt, which would find the same
+    and cost the judgment a few µs (a coroutine's, async) for nothing.
+    """
+    fan_out = _FAN_OUT.get()
+    if fan_out is None:
+        return True
+    if fan_out.failed is not None and fan_out.failed.is_set():
+        return False  # `_before_attempt` gives up
+    limiter, slot = fan_out.limiter, fan_out.slot
+    return slot.held and not limiter.pausing() and not slot.over_bound
 
 
 async def _abefore_attempt(state: RetryCallState) -> None:
@@ -187,16 +203,25 @@ def call(
     The first attempt runs without tenacity, whose loop costs about 15 µs a call
     (36 µs async; measured here, half of a judgment's own overhead); a failure is
     replayed into `retrying` as its first attempt, so every retry, wait and
-    budget is the policy's, as if the loop had made that attempt.
+    budget is the policy's, as if the loop had made that attempt. Each attempt is
+    counted by the `UsageCounter` the caller is `counting` with (none: no count).
 
     Raises:
         GaveUp: The call failed for good (its error, and the attempts made).
     """
-    _before_attempt(cast("RetryCallState", _FirstAttempt()))
+    if not _free_to_go():
+        _before_attempt(cast("RetryCallState", _FirstAttempt()))
+    counter = active_counter()
     try:
-        return fn(*args, **kwargs)
+        if counter is None:
+            return fn(*args, **kwargs)
+        counter.add_call()
+        output = fn(*args, **kwargs)
     except Exception as first:  # noqa: BLE001 - replayed into the retry loop
         replay = _Replay(first)
+    else:
+        counter.add_answer(output)
+        return output
     loop = retrying(retry, Retrying)
     try:
         return loop(replay.then(fn), *args, **kwargs)
@@ -208,11 +233,19 @@ async def acall(
     retry: CallRetry | None, fn: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any
 ) -> _T:
     """Async `call`."""
-    await _abefore_attempt(cast("RetryCallState", _FirstAttempt()))
+    if not _free_to_go():
+        await _abefore_attempt(cast("RetryCallState", _FirstAttempt()))
+    counter = active_counter()
     try:
-        return await fn(*args, **kwargs)
+        if counter is None:
+            return await fn(*args, **kwargs)
+        counter.add_call()
+        output = await fn(*args, **kwargs)
     except Exception as first:  # noqa: BLE001 - replayed into the retry loop
         replay = _Replay(first)
+    else:
+        counter.add_answer(output)
+        return output
     loop = retrying(retry, AsyncRetrying)
     try:
         return await loop(replay.athen(fn), *args, **kwargs)
@@ -234,14 +267,26 @@ class _Replay:
     def then(self, fn: Callable[..., _T]) -> Callable[..., _T]:
         def attempt(*args: Any, **kwargs: Any) -> _T:
             self._replayed()
-            return fn(*args, **kwargs)
+            counter = active_counter()
+            if counter is not None:
+                counter.add_call()
+            output = fn(*args, **kwargs)
+            if counter is not None:
+                counter.add_answer(output)
+            return output
 
         return attempt
 
     def athen(self, fn: Callable[..., Awaitable[_T]]) -> Callable[..., Awaitable[_T]]:
         async def attempt(*args: Any, **kwargs: Any) -> _T:
             self._replayed()
-            return await fn(*args, **kwargs)
+            counter = active_counter()
+            if counter is not None:
+                counter.add_call()
+            output = await fn(*args, **kwargs)
+            if counter is not None:
+                counter.add_answer(output)
+            return output
 
         return attempt
 

@@ -201,15 +201,22 @@ class BaseJudge(RunnableSerializable[JudgeInput, Verdict], ABC):
         self, text: str, unit: Sequence[Rule], config: RunnableConfig
     ) -> list[Verdict]:
         return [
-            self.judge_pair((text, rule), judgment_config(config, rule))
+            self._judge((text, rule), None, judgment_config(config, rule))
             for rule in unit
         ]
 
     async def _ajudge_unit(
         self, text: str, unit: Sequence[Rule], config: RunnableConfig
     ) -> list[Verdict]:
+        # One rule a unit, unless a judge batches: no comprehension's frame then.
+        if len(unit) == 1:
+            return [
+                await self._ajudge(
+                    (text, unit[0]), None, judgment_config(config, unit[0])
+                )
+            ]
         return [
-            await self.ajudge_pair((text, rule), judgment_config(config, rule))
+            await self._ajudge((text, rule), None, judgment_config(config, rule))
             for rule in unit
         ]
 
@@ -767,10 +774,10 @@ class ApplicabilityJudge(ModelJudge):
         try:
             output = _fanout.call(
                 self.retry,
-                self.call_model,
+                self._calls.invoke,
                 self.messages(text, rule),
                 config,
-                batch=False,
+                self._schema(batch=False),
             )
         except _fanout.GaveUp as failed:
             verdict = self.given_up(rule, failed)
@@ -791,10 +798,10 @@ class ApplicabilityJudge(ModelJudge):
         try:
             output: Any = await _fanout.acall(
                 self.retry,
-                self.acall_model,
+                self._calls.ainvoke,
                 self.messages(text, rule),
                 config,
-                batch=False,
+                self._schema(batch=False),
             )
         except _fanout.GaveUp as failed:
             verdict = self.given_up(rule, failed)
@@ -819,14 +826,20 @@ class ApplicabilityJudge(ModelJudge):
         self, text: str, unit: Sequence[Rule], config: RunnableConfig
     ) -> list[Verdict]:
         if len(unit) == 1:
-            return super()._judge_unit(text, unit, config)
+            return [
+                self._judge((text, unit[0]), None, judgment_config(config, unit[0]))
+            ]
         return batched.judge_unit(self, text, unit, config)
 
     async def _ajudge_unit(
         self, text: str, unit: Sequence[Rule], config: RunnableConfig
     ) -> list[Verdict]:
         if len(unit) == 1:
-            return await super()._ajudge_unit(text, unit, config)
+            return [
+                await self._ajudge(
+                    (text, unit[0]), None, judgment_config(config, unit[0])
+                )
+            ]
         return await batched.ajudge_unit(self, text, unit, config)
 
 

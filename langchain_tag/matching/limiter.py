@@ -55,6 +55,12 @@ class ConcurrencyLimiter:
             raise ValueError(msg)
         self.limit = limit
         self.within = within
+        # This limiter and those it is within, and the bounded ones among them:
+        # read by every judgment's attempts, so computed once.
+        self._limiters: tuple[ConcurrencyLimiter, ...] = (
+            (self,) if within is None else (self, *within._chain())  # noqa: SLF001
+        )
+        self._bounded = tuple(lim for lim in self._limiters if lim.limit is not None)
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
         self._in_use = 0
@@ -78,11 +84,8 @@ class ConcurrencyLimiter:
         """Calls allowed in flight now: the bound, lowered after rate limits."""
         return None if self.limit is None else max(1, int(self._allowed))
 
-    def _chain(self) -> Iterator[ConcurrencyLimiter]:
-        limiter: ConcurrencyLimiter | None = self
-        while limiter is not None:
-            yield limiter
-            limiter = limiter.within
+    def _chain(self) -> tuple[ConcurrencyLimiter, ...]:
+        return self._limiters
 
     # -- the provider's signals ------------------------------------------------------
 
@@ -124,6 +127,8 @@ class ConcurrencyLimiter:
     @property
     def resume_at(self) -> float:
         """When the latest shared pause of this limiter (or those it is within) ends."""
+        if self.within is None:
+            return self._resume_at
         return max(limiter._resume_at for limiter in self._chain())  # noqa: SLF001
 
     def wait_turn(self, after: float | None = None) -> None:
@@ -142,6 +147,10 @@ class ConcurrencyLimiter:
         remaining = self._remaining(after)
         if remaining > 0:
             await asyncio.sleep(remaining)
+
+    def pausing(self) -> bool:
+        """Whether a shared pause is on now (a caller would wait its turn)."""
+        return self._remaining(None) > 0
 
     def _remaining(self, after: float | None) -> float:
         now = time.monotonic()
@@ -259,8 +268,7 @@ class Slot:
 
     def __init__(self, limiter: ConcurrencyLimiter) -> None:
         """A slot of `limiter` (and those it is within), not taken yet."""
-        chain = limiter._chain()  # noqa: SLF001 - the slot's own limiters
-        self._bounded = [limiter for limiter in chain if limiter.limit is not None]
+        self._bounded = limiter._bounded  # noqa: SLF001 - the slot's own limiters
         self._held: list[ConcurrencyLimiter] = []
         self._taken_before = False
 

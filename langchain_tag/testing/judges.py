@@ -12,6 +12,7 @@ with known right answers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import html
 import json
@@ -25,11 +26,7 @@ from langchain_core.messages import AIMessage
 from pydantic import Field, PrivateAttr
 
 from langchain_tag._delimiters import CHAT_TEMPLATE_TOKENS
-from langchain_tag.matching.prompts import (
-    RULE_FIELD,
-    read_judge_batch,
-    read_judge_message,
-)
+from langchain_tag.matching.prompts import RULE_FIELD, read_judge_batch
 from langchain_tag.rules import Rule, Rulebook
 from langchain_tag.testing.scripted import ScriptedFakeChatModel
 
@@ -38,6 +35,17 @@ _TRIGGER = re.compile(r"`([^`]+)`")
 _CHAIN_FILTER = re.compile(
     r"^> Question: (.*?)\n> Context:\n>>>\n(.*)\n>>>", re.DOTALL | re.MULTILINE
 )
+
+
+# A call's prompt is read for its fault key and again for its answer; a benchmark
+# sends the same prompts again and again, so each is read once.
+_read_prompt = functools.lru_cache(maxsize=4096)(read_judge_batch)
+
+
+def _read_first(prompt: str) -> tuple[str, Mapping[str, str]] | None:
+    """The input and the first rule's fields of a judge prompt."""
+    read = _read_prompt(prompt)
+    return None if read is None else (read[0], read[1][0])
 
 
 def condition_holds(text: str, fields: Mapping[str, str]) -> bool:
@@ -125,7 +133,7 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
     _identifying_fields: ClassVar[tuple[str, ...]] = ("style", "confidence", "logprobs")
 
     def _fault_key(self, prompt: str) -> str:
-        parsed = read_judge_message(prompt)
+        parsed = _read_first(prompt)
         return parsed[1].get("rule_id", "") if parsed else ""
 
     def _decide(self, text: str, fields: Mapping[str, str]) -> tuple[bool, float]:
@@ -136,7 +144,7 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
         return condition_holds(text, fields), confidence
 
     def _answer(self, prompt: str) -> AIMessage:
-        parsed = read_judge_message(prompt)
+        parsed = _read_first(prompt)
         if parsed is None:
             filtered = _CHAIN_FILTER.search(prompt)
             if filtered is None:
@@ -144,7 +152,7 @@ class RuleAwareFakeChatModel(ScriptedFakeChatModel):
             question, context = filtered.groups()
             relevant = condition_holds(question, {"condition": context})
             return AIMessage("YES" if relevant else "NO")
-        batch = read_judge_batch(prompt)
+        batch = _read_prompt(prompt)
         if batch is not None and '"verdicts"' in prompt:
             return AIMessage(self._answer_batch(prompt, *batch))
         text, fields = parsed

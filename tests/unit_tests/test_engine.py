@@ -466,6 +466,27 @@ async def test_match_counts_the_judgments_usage_cached_tokens_included(
     assert result.summary()["usage"] == usage.model_dump()
 
 
+@pytest.mark.parametrize("face", ["sync", "async"])
+async def test_match_counts_every_attempt_of_a_retried_judgment(face: str) -> None:
+    rules = tagged_rulebook().rules
+    model = RuleAwareFakeChatModel(
+        report_usage=True, faults={rules[0].rule_id: [ConnectionError("reset")]}
+    )
+    retry = CallRetry(max_attempts=3, initial_delay=0, jitter=0)
+    engine = MatchEngine(ApplicabilityJudge(llm=model, cache=None, retry=retry))
+    caller = UsageCounter()
+    result = (
+        engine.match(text_for(1), rules, config=caller.watch())
+        if face == "sync"
+        else await engine.amatch(text_for(1), rules, config=caller.watch())
+    )
+    assert result.usage is not None
+    # The failed attempt is a call (counted as the callbacks count it), with no
+    # tokens of its own.
+    assert result.usage.calls == model.calls == len(rules) + 1
+    assert result.usage == caller.usage
+
+
 def test_verdicts_from_the_cache_cost_nothing() -> None:
     model = RuleAwareFakeChatModel(report_usage=True)
     engine = MatchEngine(ApplicabilityJudge(llm=model))  # the default verdict cache

@@ -6,9 +6,11 @@ from typing import Any, cast
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler, CallbackManager
+from langchain_core.decisions import ClassifierResponse
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, LLMResult
+from langchain_core.runnables.config import ContextThreadPoolExecutor
 from pydantic import ValidationError
 
 from langchain_tag.testing import RuleAwareFakeChatModel
@@ -21,6 +23,8 @@ from langchain_tag.usage import (
     TokenPrices,
     TokenUsage,
     UsageCounter,
+    active_counter,
+    count_call,
     format_usd,
 )
 
@@ -102,6 +106,35 @@ def test_the_counter_counts_calls_and_the_cached_tokens_reported() -> None:
     assert counter.usage == TokenUsage(
         calls=2, input_tokens=2148, cached_input_tokens=1920, output_tokens=5
     )
+
+
+def test_counting_reads_the_answers_without_a_callback() -> None:
+    counter = UsageCounter()
+    chat = AIMessage(
+        "ok",
+        usage_metadata=report(100, 2, cache_read=64),
+        response_metadata={"model_name": "gpt-x"},
+    )
+    decision = ClassifierResponse(model="luna", answers={}, usage=report(40, 0))
+    with counter.counting():
+        for answer in (chat, {"raw": chat, "parsed": None}, decision, "no usage"):
+            active = active_counter()
+            assert active is counter
+            active.add_call()
+            active.add_answer(answer)
+        count_call()  # a call asked again within one counted call
+    count_call()  # outside: counted by no one
+    assert active_counter() is None
+    assert counter.usage == TokenUsage(
+        calls=5, input_tokens=240, cached_input_tokens=128, output_tokens=4
+    )
+
+
+def test_counting_reaches_worker_threads_started_inside() -> None:
+    counter = UsageCounter()
+    with counter.counting(), ContextThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(lambda _: count_call(), range(4)))
+    assert counter.calls == 4
 
 
 def test_the_counter_says_unknown_when_the_model_reports_nothing() -> None:
