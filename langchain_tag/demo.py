@@ -37,7 +37,12 @@ from langchain_tag._text import slug
 from langchain_tag.engine import MatchResult
 from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.execution import CODE_TEMPLATE, ActionOnlyExecutor
-from langchain_tag.matching import ApplicabilityJudge, UnreliableMatchWarning
+from langchain_tag.matching import (
+    ApplicabilityJudge,
+    DecisionJudge,
+    UnreliableMatchWarning,
+)
+from langchain_tag.matching.judge import ModelJudge
 from langchain_tag.models import ModelNotConfiguredError, configured_model
 from langchain_tag.resources import curated_rulebook
 from langchain_tag.retrievers import TAGRetriever
@@ -160,7 +165,8 @@ class DemoModels:
     """The model in each of the demo's three roles, and how to describe it."""
 
     extractor: BaseChatModel
-    judge: ApplicabilityJudge
+    judge: ModelJudge
+    """A chat judge, or offline in this process a decision judge."""
     executor: BaseChatModel
     description: str
     quality_note: str | None = None
@@ -247,13 +253,25 @@ def _local_models(
     stop: Callable[[], None],
     check: Callable[[], None] | None = None,
 ) -> DemoModels:
-    from langchain_tag.local_model import JSON_RESPONSE_FORMAT, QUALITY_NOTE  # noqa: PLC0415
+    from langchain_tag.local_model import (  # noqa: PLC0415
+        JSON_RESPONSE_FORMAT,
+        QUALITY_NOTE,
+        InProcessModel,
+    )
 
+    # In this process, each snippet's rules are judged as one decision (one pass
+    # over the snippet shared by its rules); a llama.cpp server generates a
+    # constrained verdict per rule.
+    judge: ModelJudge = (
+        DecisionJudge(model=local.decision_model(), on_error="not_applicable")
+        if isinstance(local, InProcessModel)
+        else local.judge(on_error="not_applicable")
+    )
     return DemoModels(
         extractor=local.chat_model(
             response_format=JSON_RESPONSE_FORMAT, max_tokens=LOCAL_EXTRACTION_TOKENS
         ),
-        judge=local.judge(on_error="not_applicable"),
+        judge=judge,
         executor=local.chat_model(max_tokens=LOCAL_EXECUTION_TOKENS),
         description=description,
         quality_note=QUALITY_NOTE,
@@ -303,8 +321,13 @@ class SnippetReport(BaseModel):
     answer: str | None = Field(description="The executor's code, if it parsed.")
     answer_error: str | None
     llm_calls: int
+    judging_calls: int = Field(
+        description="Of `llm_calls`, the judgments' (one per rule with a chat "
+        "judge, one request for all with a decision model)."
+    )
     input_tokens: int
     output_tokens: int
+    matching_seconds: float = Field(description="Judging the shortlisted rules.")
     seconds: float
 
 
@@ -432,8 +455,8 @@ def run_demo(
     say()
     say(
         f"3. Matching {len(snippets)} snippet(s): the {prefilter_k} most similar "
-        "rules are judged, one LLM call each; the matched rules' actions (only "
-        "those) go to the executor"
+        f"rules are judged, {_how_judged(models.judge)}; the matched rules' actions "
+        "(only those) go to the executor"
     )
     reports = []
     for number, snippet in enumerate(snippets, 1):
@@ -460,7 +483,8 @@ def run_demo(
             if extraction
             else ""
         )
-        + f"; matching and execution {sum(r.llm_calls for r in reports)} call(s) "
+        + f"; matching {sum(r.matching_seconds for r in reports):.1f} s; "
+        f"matching and execution {sum(r.llm_calls for r in reports)} call(s) "
         f"({sum(r.input_tokens for r in reports)} tokens in, "
         f"{sum(r.output_tokens for r in reports)} out)"
     )
@@ -476,6 +500,15 @@ def run_demo(
         snippets=reports,
         seconds=total,
     )
+
+
+def _how_judged(judge: ModelJudge) -> str:
+    if isinstance(judge, DecisionJudge):
+        return (
+            "in one decision request (each rule's P(yes) read from one pass over "
+            "the snippet, nothing generated)"
+        )
+    return "one LLM call each"
 
 
 @contextmanager
@@ -639,6 +672,7 @@ def _run_snippet(
         # Failed judgments are reported below, by rule id.
         warnings.simplefilter("ignore", UnreliableMatchWarning)
         result: MatchResult = retriever.match(snippet.code, config)
+    matched = time.perf_counter()
     answer, answer_error = None, None
     try:
         answer = executor.invoke(
@@ -658,8 +692,10 @@ def _run_snippet(
         answer=answer,
         answer_error=answer_error,
         llm_calls=usage.calls,
+        judging_calls=result.usage.calls if result.usage is not None else 0,
         input_tokens=usage.input_tokens,
         output_tokens=usage.output_tokens,
+        matching_seconds=matched - started,
         seconds=time.perf_counter() - started,
     )
 
@@ -682,9 +718,10 @@ def _say_snippet(say: Callable[[str], None], report: SnippetReport) -> None:
     else:
         say(f"   no usable answer: {report.answer_error}")
     say(
-        f"   {report.llm_calls} LLM call(s) ({report.judged} judgment(s) + 1 "
-        f"execution); tokens: {report.input_tokens} in, {report.output_tokens} out; "
-        f"{report.seconds:.1f} s"
+        f"   {report.llm_calls} model call(s) ({report.judged} judgment(s) in "
+        f"{report.judging_calls} call(s), 1 execution); tokens: "
+        f"{report.input_tokens} in, {report.output_tokens} out; matching "
+        f"{report.matching_seconds:.1f} s, in all {report.seconds:.1f} s"
     )
 
 

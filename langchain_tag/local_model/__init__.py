@@ -11,7 +11,9 @@ Two ways to run it:
 - `InProcessModel` (the offline default, the `local-llm` extra): `transformers` on
   torch in this process. Pure Python on top of torch, so nothing is compiled and
   nothing depends on the CPU's optional instruction sets. Answers carry logprobs
-  and token usage; `response_format` constrains them.
+  and token usage; `response_format` constrains them. `decision_model()` is a
+  `langchain_core.decisions` model on it: each rule's P(yes) read from one pass
+  over the input shared by all rules, nothing generated (the offline judge).
 - `LocalOpenAIServer` (the `llama-cpp` extra): llama-cpp-python's OpenAI-compatible
   server as a subprocess on loopback, driven by `ChatOpenAI(base_url=...)` over
   real HTTP, the path a production deployment takes. llama.cpp compiles on
@@ -19,6 +21,7 @@ Two ways to run it:
   machine's CPU can die with SIGILL on another.
 """
 
+from langchain_tag.local_model._decisions import LocalDecisionModel
 from langchain_tag.local_model._server import LocalOpenAIServer, LocalServerError
 from langchain_tag.local_model._smollm2 import (
     DEFAULT_N_CTX,
@@ -49,6 +52,7 @@ __all__ = [
     "SMOLLM2_MODEL_NAME",
     "VERDICT_RESPONSE_FORMAT",
     "InProcessModel",
+    "LocalDecisionModel",
     "LocalModelStoppedError",
     "LocalOpenAIServer",
     "LocalServerError",

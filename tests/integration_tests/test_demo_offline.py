@@ -84,6 +84,11 @@ def test_tag_demo_runs_offline_end_to_end(tmp_path: Path) -> None:
     judged = [int(n) for n in re.findall(r"judged (\d+) rule\(s\)", out)]
     assert len(judged) == len(DEMO_SNIPPETS)
     assert all(n == min(5, rules) for n in judged)
+    # Offline in this process, each snippet's rules are one decision request.
+    assert "rules are judged, in one decision request" in out
+    assert len(re.findall(r"judgment\(s\) in 1 call\(s\), 1 execution", out)) == len(
+        DEMO_SNIPPETS
+    )
     # Each snippet got an answer or a stated reason why there is none.
     assert out.count("   answer:") + out.count("   no usable answer:") == len(
         DEMO_SNIPPETS

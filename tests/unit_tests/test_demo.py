@@ -81,7 +81,9 @@ def test_demo_extracts_stores_matches_and_executes(tmp_path: Path) -> None:
     for match in matches:
         assert f"0.800  {match.rule_id}  {match.name}" in printed
     assert printed.count("note: fakes: no evidence of quality") == 2
-    assert "6 LLM call(s) (5 judgment(s) + 1 execution)" in printed
+    assert "6 model call(s) (5 judgment(s) in 5 call(s), 1 execution)" in printed
+    assert all(s.judging_calls == 5 for s in report.snippets)
+    assert "one LLM call each" in printed  # a chat judge
 
 
 def test_demo_without_extracted_rules_uses_the_curated_rulebook(
@@ -245,6 +247,7 @@ def test_demo_models_use_the_configured_model(monkeypatch: pytest.MonkeyPatch) -
     with demo.demo_models(model="gpt-test") as models:
         assert isinstance(models.extractor, ChatOpenAI)
         assert models.extractor.model_name == "gpt-test"
+        assert isinstance(models.judge, ApplicabilityJudge)
         assert models.judge.logprobs
         assert models.judge.on_error == "not_applicable"
         assert models.quality_note is None
