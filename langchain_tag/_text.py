@@ -219,6 +219,15 @@ def read_text(
     return decode_text(source.read(), what=what or STANDARD_INPUT)
 
 
+def json_lines(text: str) -> list[str]:
+    """The lines of JSON-lines text: split at newlines only (a CR before one dropped).
+
+    Not `str.splitlines`, which also splits at U+2028, U+2029, U+0085 and other
+    characters that `json.dumps(ensure_ascii=False)` writes raw inside strings.
+    """
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def decode_text(raw: bytes, *, what: str) -> str:
     """`read_text` for bytes already read; `what` names them in errors.
 

@@ -42,7 +42,13 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field
 from tenacity import Retrying
 
-from langchain_tag._text import TextEncodingError, decode_text, describe_error, digest
+from langchain_tag._text import (
+    TextEncodingError,
+    decode_text,
+    describe_error,
+    digest,
+    json_lines,
+)
 from langchain_tag.engine import MatchEngine, MatchOptions, MatchResult
 from langchain_tag.errors import TAGError
 from langchain_tag.matching.verdicts import JudgmentError
@@ -161,7 +167,7 @@ def read_inputs(
         raise BulkInputError(str(error)) from None
     inputs: list[BulkInput] = []
     first_line: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(json_lines(text), 1):
         if not line.strip():
             continue
         item = _input_of(line, f"{what}, line {number}")

@@ -66,6 +66,8 @@ MODEL_ENV_VAR = "TAG_MODEL"
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
 
 SERVICE_TIER_ENV_VAR = "TAG_SERVICE_TIER"
+SERVICE_TIERS = ("auto", "default", "flex", "priority")
+"""OpenAI's service tiers; another value is refused before any call."""
 """Environment variable naming the default `ChatOpenAI`'s `service_tier` (`flex`)."""
 
 FLEX_TIMEOUT = 900.0
@@ -164,7 +166,13 @@ def default_chat_model(
 
     Raises:
         ModelNotConfiguredError: Neither `OPENAI_API_KEY` nor `OPENAI_BASE_URL` is set.
+        ValueError: The service tier, or a `model` given as "", is not one to send.
     """
+    if "model" in kwargs and not str(kwargs["model"] or "").strip():
+        msg = (
+            f"the model name is empty; give one, or leave it out for ${MODEL_ENV_VAR}."
+        )
+        raise ValueError(msg)
     api_key = os.environ.get("OPENAI_API_KEY") or None
     base_url = os.environ.get("OPENAI_BASE_URL") or None
     if not environment_configures_model() and "api_key" not in kwargs:
@@ -189,6 +197,13 @@ def default_chat_model(
         "base_url": base_url,
     }
     tier = service_tier or os.environ.get(SERVICE_TIER_ENV_VAR) or None
+    if tier is not None and tier not in SERVICE_TIERS:
+        source = "service_tier" if service_tier else f"${SERVICE_TIER_ENV_VAR}"
+        msg = (
+            f"{source}={tier!r} is not an OpenAI service tier; use one of "
+            f"{', '.join(SERVICE_TIERS)} (or unset it)."
+        )
+        raise ValueError(msg)
     if tier is not None:
         settings["service_tier"] = tier
     if tier == "flex" and not {"timeout", "request_timeout"} & kwargs.keys():

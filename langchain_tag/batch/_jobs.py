@@ -30,6 +30,7 @@ from langchain_core.stores import BaseStore
 from openai.types import Batch
 from pydantic import BaseModel, ConfigDict, Field
 
+from langchain_tag._text import json_lines
 from langchain_tag.batch._requests import ENDPOINT, BatchLaneError, request_line
 from langchain_tag.models import CallRetry
 
@@ -459,7 +460,7 @@ class BatchJobs:
 
 def _lines(content: str) -> Iterable[tuple[str, str | None, str]]:
     """(custom id, answer body as JSON or None, why not) of an output or error file."""
-    for raw in content.splitlines():
+    for raw in json_lines(content):
         if not raw.strip():
             continue
         try:

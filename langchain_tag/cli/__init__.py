@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import stat
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from langchain_tag.cli import (
     demo,
@@ -37,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Task-Aligned Retrieval: extract rules and retrieve them by "
         "applicability.",
     )
+    from langchain_tag import __version__  # noqa: PLC0415
+
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__ or 'unknown'}"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for command in (extract, run, eval, demo, verdicts, prefilter):
         command.add_parser(commands)
@@ -52,8 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the `tag` command; returns the exit status.
 
     0 on success; 2 for a problem the user can fix, printed in one line; 130 when
-    interrupted; `BROKEN_PIPE_STATUS` (141), silently, when stdout's reader stopped
-    reading early; argparse's own 2 for a bad option.
+    interrupted (Ctrl-C), 143 when terminated (SIGTERM), each with a line;
+    `BROKEN_PIPE_STATUS` (141), silently, when stdout's reader stopped reading
+    early; argparse's own 2 for a bad option.
     """
     try:
         status = _run(argv)
@@ -77,22 +85,53 @@ def _stdout_is_a_pipe() -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is: it ends as an interrupt does.
+
+    A `KeyboardInterrupt`, so that everything that keeps outputs whole on Ctrl-C
+    (bulk runs, checkpoints, local models) does the same on a `kill`.
+    """
+
+
+TERMINATED_STATUS = 128 + signal.SIGTERM
+
+
+def _terminate(signum: int, frame: object) -> None:
+    del signum, frame
+    raise Terminated
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread (a test calling `main`): leave it
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from langchain_tag.models import ModelNotConfiguredError  # noqa: PLC0415
     from langchain_tag.rules import RulebookError  # noqa: PLC0415
 
     try:
-        return int(args.handler(args))
+        with _sigterm_as_interrupt():
+            return int(args.handler(args))
     except (CommandError, ModelNotConfiguredError, RulebookError, ValueError) as error:
         print(f"tag {args.command}: error: {error}", file=sys.stderr)  # noqa: T201
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
+        how = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
         print(  # noqa: T201
-            f"\ntag {args.command}: interrupted; run the same command again to resume.",
+            f"\ntag {args.command}: {how}; run the same command again to resume.",
             file=sys.stderr,
         )
-        return 130
+        return TERMINATED_STATUS if isinstance(interrupt, Terminated) else 130
 
 
 def _discard_stdout() -> None:

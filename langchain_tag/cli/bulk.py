@@ -288,11 +288,19 @@ def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
             {} if args.target_recall is None else {"target_recall": args.target_recall}
         )
         prefilter = LearnedPrefilter.load(args.learned_prefilter, rulebook, **extra)
+    cache = args.cache or f"{out}.cache.sqlite"
     settings = MatchSettings(
         llm=decision.get("llm", llm),
-        cache=open_verdict_cache(args.cache or f"{out}.cache.sqlite"),
+        # An estimate writes nothing: a cache or log not there yet has nothing to
+        # read, so it is not made.
+        cache=open_verdict_cache(cache)
+        if not args.estimate or _exists(cache)
+        else None,
         verdict_log=(
-            None if args.verdict_log is None else open_verdict_log(args.verdict_log)
+            open_verdict_log(args.verdict_log)
+            if args.verdict_log is not None
+            and (not args.estimate or _exists(args.verdict_log))
+            else None
         ),
         rules_per_call=args.rules_per_call,
         questions_per_request=decision.get("questions_per_request", 200),
@@ -365,6 +373,11 @@ def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
 def _file_digest(path: str) -> str:
     """The sha256 of a file: the manifest names a model by content, not by path."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _exists(location: str) -> bool:
+    """Whether a cache or log is there to read: a server always, a file if it is."""
+    return "://" in location or Path(location).exists()
 
 
 def _estimate(

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from langchain_tag.cli.errors import CommandError, at_least
+from langchain_tag.cli.errors import CommandError, at_least, model_name
 
 if TYPE_CHECKING:
     from langchain_tag.extraction.sectioning import Section
@@ -60,15 +60,27 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "(the `llama-cpp` extra) instead of in this process; implies --offline",
     )
     parser.add_argument(
-        "--model", help="model name for the default ChatOpenAI (else $TAG_MODEL)"
+        "--model",
+        type=model_name,
+        help="model name for the default ChatOpenAI (else $TAG_MODEL)",
     )
     parser.add_argument(
         "--no-logprobs",
         action="store_true",
         help="do not ask the configured model for logprobs (matches get no score)",
     )
-    parser.add_argument("--prefilter-k", type=at_least(1), default=5)
-    parser.add_argument("--max-concurrency", type=at_least(1), default=4)
+    parser.add_argument(
+        "--prefilter-k",
+        type=at_least(1),
+        default=5,
+        help="rules shortlisted by similarity per snippet, then judged (default 5)",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=at_least(1),
+        default=4,
+        help="model calls in flight at most (default 4)",
+    )
     parser.set_defaults(handler=demo_command)
 
 

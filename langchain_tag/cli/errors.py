@@ -34,6 +34,14 @@ def model_failed(error: Exception) -> bool:
     )
 
 
+def model_name(text: str) -> str:
+    """An argparse type: a model name, never empty (that would be sent as '')."""
+    if not text.strip():
+        msg = "must name a model, got an empty name (leave --model out for $TAG_MODEL)"
+        raise argparse.ArgumentTypeError(msg)
+    return text
+
+
 def at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer no smaller than `minimum`."""
 

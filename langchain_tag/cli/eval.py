@@ -47,7 +47,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "run would cost without calling a model.",
     )
     parser.add_argument(
-        "task", choices=["nba", "obliqa", "humaneval", "npov", "custom", "all"]
+        "task",
+        choices=["nba", "obliqa", "humaneval", "npov", "custom", "all"],
+        help="the evaluation task (custom: your --rulebook and labelled --inputs)",
     )
     parser.add_argument(
         "--data-dir",

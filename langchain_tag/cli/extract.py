@@ -21,6 +21,7 @@ from langchain_tag.cli.errors import (
     at_least,
     check_writable,
     model_failed,
+    model_name,
 )
 
 if TYPE_CHECKING:
@@ -57,7 +58,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help='what the documents govern, e.g. "PEP 8"',
     )
     extract.add_argument(
-        "--model", help="model name for the default ChatOpenAI (else $TAG_MODEL)"
+        "--model",
+        type=model_name,
+        help="model name for the default ChatOpenAI (else $TAG_MODEL)",
     )
     extract.add_argument(
         "--skip-phase",
@@ -77,8 +80,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     extract.add_argument(
         "--no-checkpoint", action="store_true", help="keep no checkpoint or cache"
     )
-    extract.add_argument("--max-concurrency", type=at_least(1), default=8)
-    extract.add_argument("--max-section-tokens", type=at_least(1), default=1500)
+    extract.add_argument(
+        "--max-concurrency",
+        type=at_least(1),
+        default=8,
+        help="model calls in flight at most (default 8)",
+    )
+    extract.add_argument(
+        "--max-section-tokens",
+        type=at_least(1),
+        default=1500,
+        help="the longest section sent to the model in one call, in tokens "
+        "(default 1500); longer sections are split",
+    )
     extract.add_argument(
         "--max-pairs",
         metavar="N|none",
@@ -95,7 +109,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     prices.add_arguments(extract)
     extract.add_argument(
-        "--faithfulness", choices=["corrected", "literal"], default="corrected"
+        "--faithfulness",
+        choices=["corrected", "literal"],
+        default="corrected",
+        help="phase 5's check that a rule's source text is in the document: "
+        "literal is the method's difflib windows as stated; corrected (default) "
+        "also tries windows of the source's own length and where it aligns, so "
+        "a short or lightly edited source is not refused for the window's size",
     )
     extract.add_argument(
         "--merge",

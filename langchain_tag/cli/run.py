@@ -19,6 +19,7 @@ from langchain_tag.cli.errors import (
     CommandError,
     at_least,
     model_failed,
+    model_name,
     no_rules,
     probability,
 )
@@ -42,7 +43,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help='the input text, or "-" to read standard input (or --inputs FILE)',
     )
     run.add_argument(
-        "--model", help="model name for the default ChatOpenAI (else $TAG_MODEL)"
+        "--model",
+        type=model_name,
+        help="model name for the default ChatOpenAI (else $TAG_MODEL)",
     )
     run.add_argument(
         "-k", type=at_least(0), help="execute with at most K matched rules"
@@ -74,7 +77,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="a judgment that still fails after its retries: stop (default), or go "
         "on with that rule flagged as unjudged and not applied",
     )
-    run.add_argument("--max-concurrency", type=at_least(1), default=8)
+    run.add_argument(
+        "--max-concurrency",
+        type=at_least(1),
+        default=8,
+        help="model calls in flight at most (default 8)",
+    )
     run.add_argument(
         "--service-tier",
         choices=["auto", "default", "flex", "priority"],

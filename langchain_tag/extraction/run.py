@@ -31,6 +31,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 
 from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache
+from langchain_tag.errors import TAGError
 from langchain_tag.extraction.documents import DocumentLike, to_documents
 from langchain_tag.extraction.graph import (
     DEFAULT_DOMAIN,
@@ -165,9 +166,38 @@ async def _apersistence(
         yield saver, SQLiteVerdictCache(path, table=ANSWERS_TABLE)
 
 
+class CheckpointError(TAGError, ValueError):
+    """The checkpoint path cannot hold a checkpoint (a directory, not writable)."""
+
+
 def _checkpoint_path(checkpoint: str | Path) -> Path:
+    """The checkpoint file, its folder made; a path that cannot be one refused.
+
+    Raises:
+        CheckpointError: The path is a directory, or it cannot be created or
+            opened as a SQLite file (said with the reason and what to pass).
+    """
     path = DEFAULT_CHECKPOINT if checkpoint == "default" else Path(checkpoint)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    fix = "pass a file path such as .langchain-tag/extract.sqlite"
+    if path.is_dir():
+        msg = f"checkpoint {path} is a directory; {fix} (or {path / 'extract.sqlite'})."
+        raise CheckpointError(msg)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        msg = (
+            f"checkpoint {path}: {path.parent} (or a folder above it) is a file; {fix}."
+        )
+        raise CheckpointError(msg) from None
+    except OSError as error:
+        msg = f"checkpoint {path}: cannot make its folder ({error.strerror}); {fix}."
+        raise CheckpointError(msg) from None
+    try:
+        sqlite3.connect(path).close()
+    except (OSError, sqlite3.Error) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        msg = f"checkpoint {path} cannot be opened ({reason}); {fix}."
+        raise CheckpointError(msg) from None
     return path
 
 

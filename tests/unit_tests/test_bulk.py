@@ -76,6 +76,23 @@ def test_read_inputs_keeps_ids_as_given(tmp_path: Path) -> None:
     assert [i.input for i in items] == ["x", "y"]
 
 
+def test_read_inputs_keeps_line_separators_written_raw_in_strings(
+    tmp_path: Path,
+) -> None:
+    # json.dumps(ensure_ascii=False) writes these raw; scraped text holds them.
+    texts = ["a\u2028b", "c\u2029d", "e\u0085f", "g\x1ch\x1d\x1ei\x0bj\x0ck"]
+    path = tmp_path / "in.jsonl"
+    records = [
+        json.dumps({"id": i, "input": t}, ensure_ascii=False)
+        for i, t in enumerate(texts)
+    ]
+    path.write_text("\r\n".join(records) + "\r\n", encoding="utf-8", newline="")
+    assert [i.input for i in read_inputs(path)] == texts
+    path.write_text(records[0] + "\nnot json\n", encoding="utf-8")
+    with pytest.raises(BulkInputError, match="line 2: not JSON"):
+        read_inputs(path)
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,70 @@ def test_broken_pipe_in_a_command_is_its_status_not_a_traceback(
     monkeypatch.setattr("langchain_tag.cli.verdicts.verdicts_command", handler)
     assert cli.main(["verdicts", "stats"]) == 141
     assert capsys.readouterr().err == ""
+
+
+def test_sigterm_ends_a_command_as_an_interrupt_does(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: status -15 and no message (only SIGINT said "interrupted").
+    parser = cli.build_parser()
+    reached: list[str] = []
+
+    def killed(args: argparse.Namespace) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler raises at the next step
+        reached.append("after the signal")
+        return 0
+
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    args = parser.parse_args(["verdicts", "stats", "v.sqlite"])
+    monkeypatch.setattr(args, "handler", killed, raising=False)
+    monkeypatch.setattr(parser, "parse_args", lambda argv: args)
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["verdicts"]) == 143
+    assert reached == []
+    assert (
+        "tag verdicts: terminated; run the same command again"
+        in capsys.readouterr().err
+    )
+    assert signal.getsignal(signal.SIGTERM) == before  # put back
+
+
+def _options(
+    parser: argparse.ArgumentParser, name: str
+) -> list[tuple[str, argparse.Action]]:
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command, sub in action.choices.items():
+                found += _options(sub, f"{name} {command}")
+        else:
+            found.append((name, action))
+    return found
+
+
+def test_every_option_says_what_it_does() -> None:
+    # Before: run --max-concurrency, extract --max-section-tokens --faithfulness,
+    # demo --prefilter-k (and others) had no help text.
+    silent = [
+        (name, action.option_strings or action.dest)
+        for name, action in _options(cli.build_parser(), "tag")
+        if not action.help
+    ]
+    assert silent == []
+
+
+def test_tag_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("tag ")
+
+
+@pytest.mark.parametrize("command", ["run", "extract", "demo"])
+def test_an_empty_model_name_is_refused(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main([command, "--model", "", "x"])
+    assert done.value.code == 2
+    assert "--model: must name a model" in capsys.readouterr().err

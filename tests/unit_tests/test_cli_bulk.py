@@ -177,7 +177,11 @@ def test_estimate_prices_what_is_left_and_calls_nothing(
     out = tmp_path / "out.jsonl"
     argv = ["run", RULEBOOK, "--inputs", str(inputs), "-o", str(out)]
     prices = ["--price-in", "2", "--price-out", "8"]
-    assert cli.main([*argv, "--estimate", *prices]) == 0
+    before = sorted(tmp_path.iterdir())
+    log = ["--verdict-log", str(tmp_path / "log.sqlite")]
+    assert cli.main([*argv, "--estimate", *prices, *log]) == 0
+    # An estimate writes nothing: no output, no cache file, no verdict log.
+    assert sorted(tmp_path.iterdir()) == before
     printed = capsys.readouterr().out
     assert "estimate for 3 input(s) to do; no model was called" in printed
     assert "judgments: 27 pairs, 0 already in the verdict cache; 27 judge call(s)" in (

@@ -40,6 +40,34 @@ def test_tag_extract_checks_the_output_path_first(
     assert model.calls == 0
 
 
+@pytest.mark.parametrize(
+    ("checkpoint", "message"),
+    [
+        ("ckdir", "ckdir is a directory; pass a file path"),
+        ("doc.md/ck.sqlite", "doc.md (or a folder above it) is a file"),
+    ],
+)
+def test_tag_extract_refuses_a_checkpoint_that_cannot_be_one(
+    checkpoint: str,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: sqlite3.OperationalError's traceback ("unable to open database file").
+    monkeypatch.chdir(tmp_path)
+    Path("doc.md").write_text("# Rules\n\nImports must be on separate lines.\n")
+    Path("ckdir").mkdir()
+    model = ExtractionFakeChatModel()
+    monkeypatch.setattr("langchain_tag.models.default_chat_model", lambda **_: model)
+    code = cli.main(["extract", "doc.md", "-o", "r.json", "--checkpoint", checkpoint])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+    assert model.calls == 0
+
+
 # --- unreadable answers, and a finished run run again --------------------------------
 
 GUIDE = """\

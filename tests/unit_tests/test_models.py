@@ -91,6 +91,23 @@ def test_keyword_arguments_override_the_environment(
     assert model.request_timeout == 5
 
 
+def test_an_unknown_service_tier_or_an_empty_model_is_refused_before_any_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: TAG_SERVICE_TIER=bogus and model="" were sent as they were.
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("TAG_SERVICE_TIER", "bogus")
+    with pytest.raises(
+        ValueError, match=r"\$TAG_SERVICE_TIER='bogus' is not an OpenAI"
+    ):
+        default_chat_model()
+    with pytest.raises(ValueError, match="service_tier='fast'"):
+        default_chat_model(service_tier="fast")
+    monkeypatch.delenv("TAG_SERVICE_TIER")
+    with pytest.raises(ValueError, match="the model name is empty"):
+        default_chat_model(model=" ")
+
+
 def test_the_flex_tier_gets_a_long_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     flex = default_chat_model(service_tier="flex")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from langchain_tag._text import TextEncodingError, read_text
+from langchain_tag._text import TextEncodingError, json_lines, read_text
 
 TEXT = "Imports go first.\nCafé staff must wash their hands.\n"
 
@@ -79,3 +79,8 @@ def test_bad_utf16_names_the_offset(tmp_path: Path) -> None:
     path.write_bytes(codecs.BOM_UTF16_LE + "a\n".encode("utf-16-le") + b"\x00\xd8b\x00")
     with pytest.raises(TextEncodingError, match=r"at offset 6, line 2\)"):
         read_text(path)
+
+
+def test_json_lines_split_at_newlines_only() -> None:
+    text = '{"a": "x\u2028y\u0085z"}\r\n{"b": 1}\n'
+    assert json_lines(text) == ['{"a": "x\u2028y\u0085z"}', '{"b": 1}', ""]
