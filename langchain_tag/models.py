@@ -16,6 +16,7 @@ import re
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
@@ -175,6 +176,8 @@ def default_chat_model(
         raise ValueError(msg)
     api_key = os.environ.get("OPENAI_API_KEY") or None
     base_url = os.environ.get("OPENAI_BASE_URL") or None
+    if base_url is not None:
+        _check_base_url(base_url)
     if not environment_configures_model() and "api_key" not in kwargs:
         msg = (
             "No chat model is configured for langchain-tag. Do one of these:\n"
@@ -209,6 +212,20 @@ def default_chat_model(
     if tier == "flex" and not {"timeout", "request_timeout"} & kwargs.keys():
         settings["timeout"] = FLEX_TIMEOUT
     return ChatOpenAI(**{**settings, **kwargs})
+
+
+def _check_base_url(url: str) -> None:
+    """Refuse an `OPENAI_BASE_URL` that is no http(s) URL, before any call.
+
+    Else every call fails to connect and is retried as if the server were down.
+    """
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in {"http", "https"} or not parsed.netloc:
+        msg = (
+            f"OPENAI_BASE_URL={url!r} is not an http(s) URL; set it to the server's "
+            "address, such as http://localhost:8000/v1 (or unset it for OpenAI)."
+        )
+        raise ValueError(msg)
 
 
 # --- Calling models ------------------------------------------------------------

@@ -204,7 +204,11 @@ def _run(
     """Run the job, its errors said in one line with this command's options."""
     from langchain_tag.batch import BatchFailedError, BatchLaneError  # noqa: PLC0415
     from langchain_tag.bulk import BulkPendingError, BulkRunError  # noqa: PLC0415
-    from langchain_tag.matching.verdicts import advice, failure_kind  # noqa: PLC0415
+    from langchain_tag.matching.verdicts import (  # noqa: PLC0415
+        advice,
+        failure_kind,
+        failure_reason,
+    )
 
     progress = _Progress(sys.stderr, todo, already)
     try:
@@ -227,6 +231,7 @@ def _run(
             failure_kind(error),
             stronger_model="a stronger --model",
             retry_hint="run the same command again later to resume",
+            reason=failure_reason(error),
         )
         endpoint = (
             " (does this endpoint serve OpenAI's /v1/files and /v1/batches?)"
@@ -251,6 +256,7 @@ def _failed(error: BulkRunError) -> str:
         JudgmentError,
         advice,
         failure_kind,
+        failure_reason,
     )
 
     cause = error.cause
@@ -261,6 +267,7 @@ def _failed(error: BulkRunError) -> str:
         on_error=(
             "--on-error not_applicable" if isinstance(cause, JudgmentError) else None
         ),
+        reason=failure_reason(cause),
     )
     return f"{error} Nothing was assumed about any rule; {what}."
 

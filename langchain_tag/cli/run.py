@@ -218,6 +218,7 @@ def run_command(args: argparse.Namespace) -> int:
         JudgmentError,
         advice,
         failure_kind,
+        failure_reason,
     )
 
     counter = UsageCounter()
@@ -256,6 +257,7 @@ def run_command(args: argparse.Namespace) -> int:
             stronger_model="a stronger --model",
             retry_hint="try again later",
             on_error=on_error,
+            reason=failure_reason(error),
         )
         msg = (
             f"no answer: the model failed after its retries ({cause}). "

@@ -58,7 +58,12 @@ from langchain_tag.evaluation.tasks import (
 )
 from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.execution import ActionOnlyExecutor
-from langchain_tag.matching.verdicts import JudgmentError, advice, failure_kind
+from langchain_tag.matching.verdicts import (
+    JudgmentError,
+    advice,
+    failure_kind,
+    failure_reason,
+)
 from langchain_tag.rules import Rulebook
 
 __all__ = [
@@ -481,6 +486,7 @@ def _advice(error: Exception) -> list[str]:
             stronger_model="a stronger judge model (--judge-model, or judge_model=)",
             retry_hint="run again later, or with fewer calls in flight "
             "(--max-concurrency, or max_concurrency=)",
+            reason=failure_reason(error),
         )
     ]
 

@@ -420,8 +420,8 @@ class DecisionJudge(ModelJudge):
         # Under on_error="raise" the first failure is raised once the answers
         # that were paid for are cached and logged.
         if self.on_error == "raise" and pending.failures:
-            rule, why, kind = pending.failures[0]
-            raise JudgmentError(rule.rule_id, why, kind=kind)
+            rule, why, kind, reason = pending.failures[0]
+            raise JudgmentError(rule.rule_id, why, kind=kind, reason=reason)
         known.update((v.rule_id, v) for _, v in judged)
         return [known[rule.rule_id] for rule in unit]
 
@@ -441,7 +441,7 @@ class _Pending:
         self.rule_of = {names[rule.rule_id]: rule for rule in rules}
         self.queue: list[list[str]] = [list(self.rule_of)] if rules else []
         self._verdicts: dict[str, Verdict] = {}
-        self.failures: list[tuple[Rule, str, FailureKind]] = []
+        self.failures: list[tuple[Rule, str, FailureKind, str | None]] = []
 
     @property
     def group(self) -> list[str]:
@@ -524,14 +524,16 @@ class _Pending:
             _fanout.succeeded()  # the model answered
             self.refused(failed.error)
             return
-        why, kind = self.judge.why(failed)
+        why, kind, reason = self.judge.why(failed)
         for group in self.queue:
             for name in group:
-                self._fail(self.rule_of[name], why, kind)
+                self._fail(self.rule_of[name], why, kind, reason)
         self.queue = []
 
-    def _fail(self, rule: Rule, why: str, kind: FailureKind) -> None:
-        self.failures.append((rule, why, kind))
+    def _fail(
+        self, rule: Rule, why: str, kind: FailureKind, reason: str | None = None
+    ) -> None:
+        self.failures.append((rule, why, kind, reason))
         self._verdicts[rule.rule_id] = Verdict(
             rule_id=rule.rule_id, applies=False, error=why
         )

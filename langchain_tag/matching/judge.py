@@ -54,6 +54,7 @@ from langchain_tag.matching.verdicts import (
     Verdict,
     VerdictSink,
     failure_kind,
+    failure_reason,
     warn_failures,
 )
 from langchain_tag.models import (
@@ -405,7 +406,11 @@ class ModelJudge(BaseJudge):
         return self.remade(retry=retry)
 
     def failed(
-        self, rule: Rule, error: str, kind: FailureKind = "permanent"
+        self,
+        rule: Rule,
+        error: str,
+        kind: FailureKind = "permanent",
+        reason: str | None = None,
     ) -> Verdict:
         """A failed judgment of `rule`, by `on_error`: flagged, or raised.
 
@@ -413,7 +418,7 @@ class ModelJudge(BaseJudge):
             JudgmentError: Under `on_error="raise"`.
         """
         if self.on_error == "raise":
-            raise JudgmentError(rule.rule_id, error, kind=kind)
+            raise JudgmentError(rule.rule_id, error, kind=kind, reason=reason)
         return Verdict(rule_id=rule.rule_id, applies=False, error=error)
 
     def given_up(self, rule: Rule, failed: _fanout.GaveUp) -> Verdict:
@@ -426,8 +431,8 @@ class ModelJudge(BaseJudge):
         """
         return self.failed(rule, *self.why(failed))
 
-    def why(self, failed: _fanout.GaveUp) -> tuple[str, FailureKind]:
-        """What a failed verdict says of a call given up, and the failure's kind.
+    def why(self, failed: _fanout.GaveUp) -> tuple[str, FailureKind, str | None]:
+        """What a failed verdict says of a call given up, its kind and reason.
 
         Raises:
             Abandoned: The call was given up because another judgment of the
@@ -439,6 +444,7 @@ class ModelJudge(BaseJudge):
         return (
             f"{describe_error(error)} (after {failed.attempts} attempt(s))",
             failure_kind(error, self.retry or ONE_ATTEMPT),
+            failure_reason(error),
         )
 
 

@@ -88,12 +88,75 @@ def failure_kind(error: BaseException, retry: CallRetry | None = None) -> Failur
     return "transient" if (retry or CallRetry()).is_transient(error) else "permanent"
 
 
+def failure_reason(error: BaseException | None) -> str | None:
+    """What a transient failure was, in words, when the error says; else None.
+
+    "cannot connect to URL" (a refused or failed connection), "a server error
+    (503)", "a rate limit (429)", "a timeout": so that the advice names the cause
+    instead of guessing. A `JudgmentError` carries the reason of the error it
+    stands for.
+    """
+    if isinstance(error, JudgmentError):
+        return error.reason
+    chain = [] if error is None else _chain(error)
+    return _status_reason(chain) or _connection_reason(chain)
+
+
+def _status_reason(chain: Sequence[BaseException]) -> str | None:
+    for link in chain:
+        status = getattr(link, "status_code", None)
+        if status == 429:  # noqa: PLR2004 - HTTP's own numbers
+            return "a rate limit (429)"
+        if isinstance(status, int) and 500 <= status < 600:  # noqa: PLR2004
+            return f"a server error ({status})"
+    return None
+
+
+def _connection_reason(chain: Sequence[BaseException]) -> str | None:
+    names = [type(link).__name__ for link in chain]
+    if any(
+        isinstance(link, TimeoutError) or "Timeout" in name
+        for link, name in zip(chain, names, strict=True)
+    ):
+        return "a timeout"
+    if not any(
+        isinstance(link, ConnectionError) or "Connect" in name
+        for link, name in zip(chain, names, strict=True)
+    ):
+        return None
+    url = next((u for link in chain if (u := _url_of(link))), None)
+    refused = any(isinstance(link, ConnectionRefusedError) for link in chain)
+    return f"cannot connect to {url or 'the server'}" + (
+        " (connection refused)" if refused else ""
+    )
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """`error` and what caused it, outermost first."""
+    seen: list[BaseException] = []
+    link: BaseException | None = error
+    while link is not None and all(link is not s for s in seen):
+        seen.append(link)
+        link = link.__cause__ or link.__context__
+    return seen
+
+
+def _url_of(error: BaseException) -> str | None:
+    try:
+        request = getattr(error, "request", None)  # openai's and httpx's errors
+        url = getattr(request, "url", None)
+    except RuntimeError:  # httpx raises when an error has no request
+        return None
+    return None if url is None else str(url)
+
+
 def advice(
     kind: FailureKind,
     *,
     stronger_model: str,
     retry_hint: str,
     on_error: str | None = None,
+    reason: str | None = None,
 ) -> str:
     """What to do about a failure of `kind`, in the caller's own options.
 
@@ -107,9 +170,13 @@ def advice(
         retry_hint: What to do against a transient failure (e.g. "retry later").
         on_error: How to go on with such rules flagged as unjudged (e.g. "set
             on_error='not_applicable'"); None when the caller has no such option.
+        reason: What the transient failure was (`failure_reason`), if known.
     """
     if kind == "transient":
-        said = f"the failure is transient (a rate limit or a timeout): {retry_hint}"
+        said = (
+            f"the failure is transient ({reason or 'a rate limit or a timeout'}): "
+            f"{retry_hint}"
+        )
     elif kind == "capacity":
         said = (
             "the provider was short of capacity (a 429 'resource unavailable', as "
@@ -143,17 +210,27 @@ class JudgmentError(TAGError, RuntimeError):
     """
 
     def __init__(
-        self, rule_id: str, error: str, *, kind: FailureKind = "permanent"
+        self,
+        rule_id: str,
+        error: str,
+        *,
+        kind: FailureKind = "permanent",
+        reason: str | None = None,
     ) -> None:
-        """Record which rule's judgment failed, why, and the kind of failure."""
+        """Record which rule's judgment failed, why, and the kind of failure.
+
+        `reason`: what a transient failure was (`failure_reason`), if known.
+        """
         self.rule_id = rule_id
         self.error = error
         self.kind: FailureKind = kind
+        self.reason = reason
         what = advice(
             kind,
             stronger_model="a stronger model",
             retry_hint="retry later",
             on_error="set on_error='not_applicable'",
+            reason=reason,
         )
         cause = self.cause
         super().__init__(

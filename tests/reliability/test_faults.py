@@ -498,8 +498,8 @@ def test_cli_run_judge_outage_is_a_clear_error(
     err = capsys.readouterr().err
     assert err.startswith("tag run: error: no answer: the model failed")
     assert (
-        "Nothing was assumed about any rule; the failure is transient (a rate limit "
-        "or a timeout): try again later, or --on-error not_applicable to go on"
+        "Nothing was assumed about any rule; the failure is transient (a server "
+        "error (503)): try again later, or --on-error not_applicable to go on"
     ) in err
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from langchain_tag import Rule, Rulebook, cli
+from langchain_tag.models import default_chat_model
 from langchain_tag.rule_schemas import RuleSchema, SchemaField
 from langchain_tag.testing import RuleAwareFakeChatModel
 
@@ -110,6 +113,39 @@ def test_tag_run_advice_fits_the_failure(
     assert err.startswith("tag run: warning: 1 judgment failed")  # one line, no warning
     assert "matched 0 of 1 rules" in out
     assert "1 judgment(s) failed and were treated as not applicable" in out
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])  # closed again when the block ends
+
+
+@pytest.mark.usefixtures("loopback", "clock")
+def test_a_refused_connection_is_named_as_such(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: "transient (a rate limit or a timeout)" for a server not listening.
+    monkeypatch.setattr("langchain_tag.models.default_chat_model", default_chat_model)
+    monkeypatch.setattr(time, "sleep", lambda _: None)  # the retries' waits
+    monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{_closed_port()}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert cli.main(["run", RULEBOOK, "x"]) == 2
+    err = capsys.readouterr().err
+    assert "the failure is transient (cannot connect to http://127.0.0.1:" in err
+    assert "(connection refused)" in err
+    assert "a rate limit or a timeout" not in err
+
+
+def test_a_malformed_base_url_is_refused_before_any_call(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: ~10 s of retries, then "transient (a rate limit or a timeout)".
+    monkeypatch.setattr("langchain_tag.models.default_chat_model", default_chat_model)
+    monkeypatch.setenv("OPENAI_BASE_URL", "not a url")
+    assert cli.main(["run", RULEBOOK, "x"]) == 2
+    err = capsys.readouterr().err
+    assert "OPENAI_BASE_URL='not a url' is not an http(s) URL" in err
 
 
 class BadRequestError(Exception):
