@@ -141,7 +141,10 @@ class RuleSchema(BaseModel):
     description: str = Field(
         default="", description="What the rules are, for the extraction prompt."
     )
-    fields: tuple[SchemaField, ...] = Field(min_length=2)
+    fields: tuple[SchemaField, ...] = Field(
+        description="At least one required field on each side (said by side when "
+        "one is missing)."
+    )
     judge_criteria: tuple[str, ...] = Field(
         default=(), description="Extra decision criteria for the judge, one each."
     )

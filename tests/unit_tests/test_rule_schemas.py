@@ -164,6 +164,10 @@ def _with(**changes: Any) -> dict[str, Any]:
             "must be a lowercase identifier",
         ),
         (_with(obligation=None), "no required executor-side field"),
+        # One field only: said by side too (before: "Tuple should have at least
+        # 2 items", naming no property).
+        (_with(obligation=None, trigger=None), "no required executor-side field"),
+        (_with(party=None, trigger=None), "no required judge-side field"),
         (
             _with(action={"type": "string", "description": "do", SIDE_KEY: "judge"}),
             "action cannot be on the judge side",
