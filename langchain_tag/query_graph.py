@@ -19,11 +19,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+import stat
 import threading
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, cast
 
 from langchain.agents.middleware.human_in_the_loop import ActionRequest
@@ -55,6 +57,7 @@ from langchain_tag.engine import (
     MatchResult,
     RuleFilter,
 )
+from langchain_tag.errors import TAGError
 from langchain_tag.execution import (
     CODE_TEMPLATE,
     GENERIC_TEMPLATE,
@@ -463,13 +466,82 @@ def _executor(context: QueryContext) -> ActionOnlyExecutor:
 # --- nodes ---------------------------------------------------------------------------
 
 
-def load_rulebook(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
+RULEBOOK_DIR_ENV = "TAG_RULEBOOK_DIR"
+"""The folder a served query graph opens rulebook paths in (`graphs/query.py`)."""
+
+ANYWHERE = "anywhere"
+"""`build_query_graph(rulebook_dir=ANYWHERE)`: a path in a run's input is opened
+wherever it is: the caller's own process, its own files (the default)."""
+
+MAX_RULEBOOK_BYTES = 64 << 20
+"""The largest rulebook file a run's input may name (64 MiB; the NBA one is 60 KB)."""
+
+
+class RulebookPathError(TAGError, PermissionError):
+    """A rulebook path in a run's input that this graph does not open.
+
+    One message whatever the path is (missing, outside the allowed folder, not a
+    regular file, too large), so that a client learns nothing of the server's files.
+    """
+
+    def __init__(self) -> None:
+        """The one message."""
+        super().__init__(
+            "The run's input names its rulebook by a file path, and this graph opens "
+            "no such path: pass the rulebook as JSON (Rulebook.model_dump(mode="
+            f"'json')), or name a file inside the folder its operator set in "
+            f"${RULEBOOK_DIR_ENV} (a file of at most {MAX_RULEBOOK_BYTES >> 20} MiB)."
+        )
+
+
+def _rulebook_at(given: str, allowed: str | os.PathLike[str] | None) -> Rulebook:
+    """The rulebook file a run's input names, if `allowed` lets this graph open it.
+
+    Raises:
+        RulebookPathError: Not inside `allowed` (None: no folder), missing, not a
+            regular file, or over `MAX_RULEBOOK_BYTES`; checked before any read.
+        RulebookError: A file that may be opened is not a valid rulebook.
+    """
+    if allowed == ANYWHERE:
+        target = Path(given)
+    else:
+        if allowed is None:
+            raise RulebookPathError
+        root = Path(allowed).resolve()
+        try:
+            target = (root / given).resolve(strict=True)
+        except (OSError, RuntimeError):
+            raise RulebookPathError from None
+        if not target.is_relative_to(root):
+            raise RulebookPathError
+    try:
+        found = target.stat()
+    except OSError:
+        found = None
+    if found is not None and not (
+        stat.S_ISREG(found.st_mode) and found.st_size <= MAX_RULEBOOK_BYTES
+    ):
+        raise RulebookPathError  # a device, a pipe or a huge file: never read
+    if found is None and allowed != ANYWHERE:
+        raise RulebookPathError
+    return Rulebook.load(target)
+
+
+def load_rulebook(
+    state: QueryState,
+    config: RunnableConfig,
+    rulebook_dir: str | os.PathLike[str] | None = ANYWHERE,
+) -> dict[str, Any]:
     """Start a run: check its input, clear earlier verdicts, read the rulebook.
+
+    A rulebook given as a path is opened only as `rulebook_dir` allows
+    (`build_query_graph`).
 
     The run's inputs are consumed at its end (see `execute`), so on a reused thread
     a query, rulebook or documents present here were given to this run.
 
     Raises:
+        RulebookPathError: The rulebook is a path this graph does not open.
         ValueError: The input has no query, or neither a rulebook nor documents;
             an unknown profile or template name.
         TypeError: The query is not a string.
@@ -511,7 +583,9 @@ def load_rulebook(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
             )
         return {**update, "rules": None, "rule_schema": None}
     rulebook = (
-        Rulebook.load(given) if isinstance(given, str) else Rulebook.from_data(given)
+        _rulebook_at(given, rulebook_dir)
+        if isinstance(given, str)
+        else Rulebook.from_data(given)
     )
     return {
         **update,
@@ -959,6 +1033,7 @@ def build_query_graph(
     checkpointer: BaseCheckpointSaver[Any] | None = None,
     cache: BaseCache[Any] | None = None,
     retry: CallRetry | None = None,
+    rulebook_dir: str | os.PathLike[str] | None = ANYWHERE,
 ) -> CompiledStateGraph[QueryState, QueryContext, QueryInput, QueryOutput]:
     """Compile the query graph.
 
@@ -976,6 +1051,13 @@ def build_query_graph(
         retry: Backoff for transient model errors: the judge's own retries (they
             honour `Retry-After`; a judge given in the context gets these in place
             of its own) and the extraction and executor nodes' retry policy.
+        rulebook_dir: Where a rulebook path in a run's input may be: `ANYWHERE`
+            (the default, for a graph run in your own process), a folder (paths
+            are resolved inside it, links included, and none outside is opened),
+            or None (no path is opened). A served graph takes the folder from
+            `$TAG_RULEBOOK_DIR` (`graphs/query.py`): none unless its operator
+            sets one. Either way a path is a regular file of at most
+            `MAX_RULEBOOK_BYTES`, checked before it is read.
     """
     retry = retry or _DEFAULT_RETRY
     node_retry = retry.as_node_policy()
@@ -985,7 +1067,9 @@ def build_query_graph(
         input_schema=QueryInput,
         output_schema=QueryOutput,
     )
-    builder.add_node("load_rulebook", load_rulebook)
+    builder.add_node(
+        "load_rulebook", functools.partial(load_rulebook, rulebook_dir=rulebook_dir)
+    )
     builder.add_node(
         "extract",
         RunnableLambda(extract, afunc=aextract, name="extract"),

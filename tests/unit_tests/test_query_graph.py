@@ -8,6 +8,7 @@ echoes any other prompt (so the executor's answer shows what it was given).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import math
@@ -49,6 +50,7 @@ from langchain_tag.query_graph import (
     TEMPLATES,
     QueryContext,
     QueryInput,
+    RulebookPathError,
     build_query_graph,
     checkpoint_serializer,
 )
@@ -150,6 +152,61 @@ def pep8_json(pep8_rulebook: Rulebook) -> dict[str, Any]:
 @pytest.fixture
 def judge() -> RuleAwareFakeChatModel:
     return RuleAwareFakeChatModel()
+
+
+# --- rulebook paths in a run's input ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", ["/etc/hostname", "/dev/zero", "/no/such/file.json", str(PEP8_PATH)]
+)
+def test_a_served_graph_opens_no_rulebook_path(
+    path: str, judge: RuleAwareFakeChatModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: any server-side path was opened (/dev/zero read until memory ran
+    # out), and the errors told missing, not JSON and not a rulebook apart.
+    monkeypatch.delenv("TAG_RULEBOOK_DIR", raising=False)
+    served = importlib.reload(importlib.import_module("graphs.query")).graph
+    with pytest.raises(RulebookPathError) as refused:
+        served.invoke(
+            {"query": QUERY, "rulebook": path}, context=QueryContext(judge_model=judge)
+        )
+    assert str(refused.value) == str(RulebookPathError())  # the same for every path
+    assert path not in str(refused.value)
+    assert judge.calls == 0
+
+
+def test_a_graph_opens_rulebook_paths_only_inside_its_folder(
+    tmp_path: Path,
+    pep8_rulebook: Rulebook,
+    judge: RuleAwareFakeChatModel,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    allowed = tmp_path / "rulebooks"
+    allowed.mkdir()
+    pep8_rulebook.save(allowed / "pep8.json")
+    pep8_rulebook.save(tmp_path / "outside.json")
+    (allowed / "link.json").symlink_to(tmp_path / "outside.json")
+    limit = (allowed / "pep8.json").stat().st_size
+    (allowed / "big.json").write_bytes(b" " * (limit + 1))
+    monkeypatch.setattr(query_graph, "MAX_RULEBOOK_BYTES", limit)
+    graph = build_query_graph(rulebook_dir=allowed)
+    context = QueryContext(judge_model=judge)
+
+    # Inside the folder, by a relative name or its full path.
+    for name in ("pep8.json", str(allowed / "pep8.json")):
+        output = graph.invoke({"query": QUERY, "rulebook": name}, context=context)
+        assert [d.id for d in output["result"].documents] == MATCHED
+    # Outside it (by .., by a link, by an absolute path), too big, or missing: refused.
+    for name in (
+        "../outside.json",
+        "link.json",
+        str(tmp_path / "outside.json"),
+        "big.json",
+        "missing.json",
+    ):
+        with pytest.raises(RulebookPathError):
+            graph.invoke({"query": QUERY, "rulebook": name}, context=context)
 
 
 # --- end to end with a rulebook -------------------------------------------------------
