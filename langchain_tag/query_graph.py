@@ -16,6 +16,7 @@ Every matching option of `TAGRetriever` is a `QueryContext` field of the same na
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -23,7 +24,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, cast
@@ -55,7 +56,6 @@ from langchain_tag.engine import (
     MatchOptions,
     MatchPlan,
     MatchResult,
-    RuleFilter,
 )
 from langchain_tag.errors import TAGError
 from langchain_tag.execution import (
@@ -145,8 +145,9 @@ class QueryContext:
     """Execute with at most this many matched rules (best scores first)."""
     score_threshold: float | None = None
     """Drop applicable rules scoring below this (a rule without a score counts 1.0)."""
-    filter: SkipJsonSchema[RuleFilter | None] = None
-    """Judge only rules passing this filter (see `langchain_tag.engine.rule_passes`)."""
+    filter: dict[str, Any] | SkipJsonSchema[Callable[[Rule], bool]] | None = None
+    """Judge only rules passing this filter (see `langchain_tag.engine.rule_passes`):
+    field -> accepted value(s) (JSON, so it travels to a server), or a predicate."""
     prefilter: SkipJsonSchema[BaseRetriever | None] = None
     """Shortlists candidate rules before judging (a similarity prefilter, or a
     `LearnedPrefilter` with shadow judging); None judges every rule."""
@@ -384,6 +385,27 @@ def checkpoint_serializer() -> JsonPlusSerializer:
     which the nodes read as well.
     """
     return JsonPlusSerializer(allowed_msgpack_modules=STATE_TYPES)
+
+
+def check_context_keys(context: Mapping[str, Any]) -> None:
+    """Refuse a JSON context with keys `QueryContext` does not have.
+
+    A LangGraph server drops context keys missing from the graph's context schema
+    before the graph sees them; the served graph's factory (`graphs/query.py`)
+    calls this on the context as the client sent it, so a misspelt option is an
+    error, not a silent default.
+
+    Raises:
+        ValueError: Unknown keys, named with the known ones.
+    """
+    known = [f.name for f in dataclasses.fields(QueryContext)]
+    unknown = sorted(set(context) - set(known))
+    if unknown:
+        msg = (
+            f"Unknown context key(s) {', '.join(map(repr, unknown))}; the query "
+            f"graph's context takes {', '.join(known)}."
+        )
+        raise ValueError(msg)
 
 
 def _context(default: QueryContext | None = None) -> QueryContext:

@@ -252,21 +252,46 @@ async def test_context_k_limits_the_matches(
     assert "PEP8-NONE-IDENTITY" not in output["answer"]
 
 
-async def test_unknown_context_keys_are_ignored(
+async def test_unknown_context_keys_are_refused(
     client: LangGraphClient, pep8_json: dict[str, Any]
 ) -> None:
-    """The server drops context keys that are not in the graph's context schema."""
+    """Before: the server dropped them, and the run went on with defaults."""
     output: Any = await bounded(
         client.runs.wait(
             None,
             "tag_query",
             input={"query": QUERY, "rulebook": pep8_json},
-            context={"k": 1, "from_a_newer_client": True},
+            context={"k": 1, "kk": 1},
             raise_error=False,
         )
     )
-    assert "__error__" not in output, output["__error__"]
-    assert ids(output["matches"]) == MATCHED[:1]
+    error = str(output.get("__error__"))
+    assert "Unknown context key(s) 'kk'" in error
+    assert "score_threshold" in error  # the known ones are listed
+
+
+async def test_a_json_filter_judges_as_in_process(
+    client: LangGraphClient,
+    fake_openai: FakeOpenAIServer,
+    pep8_rulebook: Rulebook,
+    pep8_json: dict[str, Any],
+) -> None:
+    """Before: the server dropped `filter` (not in the context schema): all judged."""
+    tag = pep8_rulebook.rules[0].tags[0]
+    kept = [r for r in pep8_rulebook.rules if tag in r.tags]
+    before = len(fake_openai.requests)
+    output: Any = await bounded(
+        client.runs.wait(
+            None,
+            "tag_query",
+            input={"query": QUERY, "rulebook": pep8_json},
+            context={"filter": {"tags": [tag]}},
+        )
+    )
+    assert output["cost"]["judgments"] == len(kept) < len(pep8_rulebook)
+    judged = len(fake_openai.requests) - before - 1  # the executor's call
+    assert judged == len(kept)
+    assert ids(output["matches"]) == ["PEP8-IMPORT-WILDCARD"]  # as in process
 
 
 async def test_query_run_judges_with_a_decision_model(

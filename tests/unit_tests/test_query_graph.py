@@ -166,7 +166,7 @@ def test_a_served_graph_opens_no_rulebook_path(
     # Before: any server-side path was opened (/dev/zero read until memory ran
     # out), and the errors told missing, not JSON and not a rulebook apart.
     monkeypatch.delenv("TAG_RULEBOOK_DIR", raising=False)
-    served = importlib.reload(importlib.import_module("graphs.query")).graph
+    served = importlib.reload(importlib.import_module("graphs.query")).compiled
     with pytest.raises(RulebookPathError) as refused:
         served.invoke(
             {"query": QUERY, "rulebook": path}, context=QueryContext(judge_model=judge)
@@ -1093,10 +1093,11 @@ def test_a_review_of_a_given_rulebook_needs_no_checkpointer(
 def test_a_review_pauses_with_the_checkpointer_a_server_gives() -> None:
     """The review pauses on a LangGraph server (Studio, `langgraph dev`).
 
-    langgraph_api loads `graphs/query.py:graph`, compiled without a checkpointer,
-    and runs a copy with its own (`get_graph`), as here.
+    langgraph_api loads `graphs/query.py:graph` (a factory returning the graph
+    compiled without a checkpointer) and runs a copy with its own (`get_graph`),
+    as here.
     """
-    from graphs.query import graph as served  # noqa: PLC0415 - the Studio entry
+    from graphs.query import compiled as served  # noqa: PLC0415 - the Studio entry
 
     model = JudgeAndExtractorFakeChatModel()
     assert served.checkpointer is None
