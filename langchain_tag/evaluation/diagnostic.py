@@ -181,6 +181,8 @@ def diagnose(
     if wanted_kinds & {"dense", "hybrid"}:
         dense = prefilters.DenseScorer(items, shared_embeddings(embeddings))
         built |= {"dense": dense, "hybrid": prefilters.HybridScorer(dense, bm25)}
+    if len(task.items) < 2:  # noqa: PLR2004 - k-fold needs a fold to train on
+        wanted_kinds.discard("learned")
     if "learned" in wanted_kinds:
         built["learned"] = LearnedScorer(
             fit_kfold(task.rulebook, task.oracle_gold() or {})

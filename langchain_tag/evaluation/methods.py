@@ -89,11 +89,12 @@ Family = Literal[
 """What kind of selection a method makes (the plot colours points by family)."""
 
 Requirement = Literal[
-    "judge", "cheap_judge", "decision", "rulebook", "gold", "documents"
+    "judge", "cheap_judge", "decision", "rulebook", "gold", "documents", "folds"
 ]
 """What a method needs: a judge model, a cheap judge model with logprobs (the
-cascade), a decision model, a rulebook for the task, gold labels (the oracle), or
-documents to chunk (a custom task has only its rulebook)."""
+cascade), a decision model, a rulebook for the task, gold labels (the oracle),
+documents to chunk (a custom task has only its rulebook), or two inputs or more
+(a prefilter trained k-fold over them)."""
 
 JudgeKind = Literal["model", "cascade", "decision", "oracle", "oracle-decision"]
 """TAG's judge: the judge model, the cascade in front of it, the decision model,
@@ -148,6 +149,8 @@ _MISSING: Mapping[Requirement, str] = {
     "decision": "needs a decision model: pass --decision-model NAME (or "
     "decision_model=) and configure OPENAI_API_KEY or OPENAI_BASE_URL; not run "
     "offline",
+    "folds": "needs at least 2 inputs: its prefilter is trained k-fold over them "
+    "(raise --limit, or limit=)",
 }
 """Why a method lacking each requirement cannot run, checked in this order."""
 
@@ -194,6 +197,8 @@ class MethodContext:
             return self.task.rulebook is not None
         if need == "documents":
             return bool(self.task.documents)
+        if need == "folds":
+            return len(self.task.items) >= 2  # noqa: PLR2004 - a training fold and a test one
         return self.task.gold_rules() is not None
 
     def rules(self) -> Rulebook:
@@ -241,7 +246,8 @@ _JUDGED: tuple[Requirement, ...] = ("rulebook", "judge")
 _CASCADE: tuple[Requirement, ...] = ("rulebook", "judge", "cheap_judge")
 _DECIDED: tuple[Requirement, ...] = ("rulebook", "decision")
 _ORACLE: tuple[Requirement, ...] = ("rulebook", "gold")
-_JUDGED_LEARNED: tuple[Requirement, ...] = ("rulebook", "judge", "gold")
+_JUDGED_LEARNED: tuple[Requirement, ...] = ("rulebook", "judge", "gold", "folds")
+_ORACLE_LEARNED: tuple[Requirement, ...] = ("rulebook", "gold", "folds")
 
 _LEARNED_FROM_GOLD = (
     f"learned prefilter: {KFOLDS}-fold over the inputs, each fold's trained on the "
@@ -587,7 +593,7 @@ def standard_methods(task: TaskName, n_rules: int | None = None) -> list[Method]
             "oracle",
             rules,
             partial(_tag_learned, judge="oracle"),
-            _ORACLE,
+            _ORACLE_LEARNED,
             scorer="learned",
             notes=(LEARNED_NOTES["oracle"],),
         ),

@@ -123,6 +123,22 @@ def test_nba_offline_oracle_is_labelled_as_lookups(
     assert "a judge model in the oracle's place would make 110 calls" in out.lower()
 
 
+@pytest.mark.requires_data
+def test_one_input_leaves_out_the_learned_methods_saying_why(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: "k-fold needs at least 2 folds" after the other methods had run.
+    argv = [
+        *("eval", "nba", "--data-dir", str(data_dir), "--offline", "--limit", "1"),
+        *("--methods", "oracle,oracle+learned", "--embeddings", FAKE_EMBEDDINGS),
+        *("--no-embedding-cache", "--no-plot", "--out", str(tmp_path / "out")),
+    ]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "oracle+learned: needs at least 2 inputs" in out
+    assert table_row(out, "oracle")["LLM calls"] == "0"
+
+
 # --- item 2: advice in the command's own options -------------------------------------
 
 
