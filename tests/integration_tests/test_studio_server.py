@@ -285,7 +285,7 @@ async def test_a_json_filter_judges_as_in_process(
             None,
             "tag_query",
             input={"query": QUERY, "rulebook": pep8_json},
-            context={"filter": {"tags": [tag]}},
+            context={"filter": {"tags": [tag]}},  # type: ignore[dict-item]
         )
     )
     assert output["cost"]["judgments"] == len(kept) < len(pep8_rulebook)
