@@ -107,6 +107,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--price-in/--price-out), as a run without stored answers; calls no model, "
         "needs no API key, writes nothing",
     )
+    extract.add_argument(
+        "--max-calls",
+        type=at_least(0),
+        default=DEFAULT_MAX_CALLS,
+        help="estimate the run first (as --estimate does) and stop before any call "
+        f"if it would make more model calls than this (default {DEFAULT_MAX_CALLS:,}"
+        "; 0: no cap)",
+    )
     prices.add_arguments(extract)
     extract.add_argument(
         "--faithfulness",
@@ -196,6 +204,11 @@ class Progress:
         self.status.close()
 
 
+DEFAULT_MAX_CALLS = 5_000
+"""`tag extract --max-calls`: a run the estimate puts above this stops before its
+first call (PEP 8 takes ~140 calls, the NBA agreement ~250)."""
+
+
 def extract_command(args: argparse.Namespace) -> int:
     """Run `tag extract`."""
     from langchain_tag.extraction import ExtractionReport  # noqa: PLC0415
@@ -214,6 +227,8 @@ def extract_command(args: argparse.Namespace) -> int:
     documents = read_documents(args.files)
     if args.estimate:
         return _estimate(args, documents)
+    if args.max_calls:
+        _check_calls(args, documents)
     rulebook, stored = _extract(args, documents)
     report = ExtractionReport.model_validate(rulebook.diagnostics)
     if stored:
@@ -334,14 +349,14 @@ def _max_pairs(text: str | None) -> object:
     return value
 
 
-def _estimate(args: argparse.Namespace, documents: list[Document]) -> int:
-    """Print what the extraction would spend; no model is made or called."""
+def _estimated(args: argparse.Namespace, documents: list[Document]) -> Any:
+    """The `ExtractionEstimate` of this run; no model is made or called."""
     from langchain_tag.extraction.estimate import (  # noqa: PLC0415 - loads langgraph
         estimate_extraction,
     )
 
     token_prices, caching = prices.from_args(args)
-    found = estimate_extraction(
+    return estimate_extraction(
         documents,
         domain=args.domain,
         skip_phases=args.skip_phase,
@@ -350,6 +365,36 @@ def _estimate(args: argparse.Namespace, documents: list[Document]) -> int:
         max_concurrency=args.max_concurrency,
         **_settings(args),
     )
+
+
+def _check_calls(args: argparse.Namespace, documents: list[Document]) -> None:
+    """Say what the run will cost, and stop it above `--max-calls`.
+
+    Raises:
+        CommandError: The estimate is above `--max-calls`; nothing was called.
+    """
+    found = _estimated(args, documents)
+    usage = found.usage
+    dollars = found.dollars()
+    cost = f", ~${dollars:,.2f}" if dollars is not None else ""
+    said = (
+        f"estimate: ~{usage.calls:,} model calls, ~{usage.input_tokens or 0:,} "
+        f"input tokens{cost} (--estimate shows each phase)"
+    )
+    if usage.calls > args.max_calls:
+        msg = (
+            f"{said}, more than --max-calls {args.max_calls:,}; nothing was called. "
+            "Extract from fewer documents or sections, lower --max-pairs, or raise "
+            "--max-calls (0: no cap)."
+        )
+        raise CommandError(msg)
+    if not args.quiet:
+        print(said, file=sys.stderr)  # noqa: T201
+
+
+def _estimate(args: argparse.Namespace, documents: list[Document]) -> int:
+    """Print what the extraction would spend; no model is made or called."""
+    found = _estimated(args, documents)
     print(found.format())  # noqa: T201
     if args.output is not None:
         print(f"\n--estimate: nothing was written to {args.output}.")  # noqa: T201

@@ -251,3 +251,18 @@ def test_extract_rules_calls_on_stored_only_for_a_stored_run(
     again = ExtractionFakeChatModel()
     assert run(again) == (first, 1)  # returned as stored, the same rulebook
     assert again.calls == 0
+
+
+def test_a_run_estimated_above_max_calls_stops_before_any_call(
+    extract: Callable[..., tuple[int, str, str]],
+) -> None:
+    # Before: a real run announced no cost and had no overall cap.
+    model = ExtractionFakeChatModel()
+    code, _, err = extract(model, "--max-calls", "2")
+    assert code == 2
+    assert "more than --max-calls 2; nothing was called" in err
+    assert model.calls == 0
+    assert not Path("rules.json").exists()
+    code, _, _ = extract(model, "--max-calls", "0")  # no cap
+    assert code == 0
+    assert model.calls > 0
