@@ -51,12 +51,12 @@ from langchain_tag._text import (
 )
 from langchain_tag.engine import MatchEngine, MatchOptions, MatchResult
 from langchain_tag.errors import TAGError
-from langchain_tag.matching.verdicts import JudgmentError
+from langchain_tag.matching.verdicts import JudgmentError, Verdict
 from langchain_tag.models import ONE_ATTEMPT, CallRetry, model_identity
 from langchain_tag.usage import TokenUsage, UsageCounter
 
 if TYPE_CHECKING:
-    from langchain_tag.batch import BatchProgress, BatchSettings
+    from langchain_tag.batch import BatchProgress, BatchReport, BatchSettings
     from langchain_tag.execution import ActionOnlyExecutor
     from langchain_tag.rules import Rule
 
@@ -227,7 +227,8 @@ class BulkRecord(BaseModel):
     matched: list[str] = Field(description="The rules applied, best first.")
     verdicts: list[dict[str, Any]] = Field(
         description="Every judged rule: rule_id, applies, and score, reason, error "
-        "and cached where set."
+        "and cached where set; with via='batch', `from`: where the verdict came "
+        "from (cache: answered before this run; batch; online)."
     )
     failed_rule_ids: list[str] = Field(default_factory=list)
     reason: str | None = Field(
@@ -238,17 +239,26 @@ class BulkRecord(BaseModel):
     )
 
     @classmethod
-    def of(cls, item: BulkInput, result: MatchResult, answer: Any = None) -> BulkRecord:
-        """The record of `item`'s result (and answer)."""
+    def of(
+        cls,
+        item: BulkInput,
+        result: MatchResult,
+        answer: Any = None,
+        sources: BatchReport | None = None,
+    ) -> BulkRecord:
+        """The record of `item`'s result (and answer).
+
+        `sources`: the batch lane's report of this job, which says where each
+        verdict came from (they are all read back from the cache).
+        """
         return cls(
             id=item.id,
             matched=[str(doc.metadata["rule_id"]) for doc in result.documents],
             verdicts=[
-                v.model_dump(exclude_defaults=True, include=_VERDICT_FIELDS)
-                | {
-                    "rule_id": v.rule_id,
-                    "applies": v.applies,
-                }
+                _verdict(
+                    v,
+                    None if sources is None else sources.source(item.input, v.rule_id),
+                )
                 for v in result.verdicts
             ],
             failed_rule_ids=result.failed_rule_ids,
@@ -263,6 +273,20 @@ class BulkRecord(BaseModel):
 
 
 _VERDICT_FIELDS = {"rule_id", "applies", "score", "reason", "error", "cached"}
+
+
+def _verdict(verdict: Verdict, source: str | None) -> dict[str, Any]:
+    """A verdict as a record writes it; `source` from the batch lane, if any."""
+    written = verdict.model_dump(exclude_defaults=True, include=_VERDICT_FIELDS) | {
+        "rule_id": verdict.rule_id,
+        "applies": verdict.applies,
+    }
+    if source is not None:
+        written["from"] = source
+        written.pop("cached", None)
+        if source == "cache":
+            written["cached"] = True
+    return written
 
 
 def _jsonable(answer: Any) -> Any:
@@ -727,7 +751,7 @@ class BulkJob:
                 )
             answers = execution.outputs
         for (item, result), answer in zip(results, answers, strict=True):
-            record = BulkRecord.of(item, result, answer)
+            record = BulkRecord.of(item, result, answer, sources=report)
             self._count(record, summary)
             output.append(record.line(match_only=self.match_only))
             if progress is not None:

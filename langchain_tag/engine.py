@@ -645,6 +645,10 @@ class MatchEngine:
         report = batch.BatchReport(requests=sum(len(p.candidates) for p in plans))
         for plan in plans:
             verdicts = self.judge_rules(plan, config)
+            for verdict in verdicts:
+                report.note(
+                    plan.query, verdict.rule_id, "cache" if verdict.cached else "online"
+                )
             report.cached += sum(v.cached for v in verdicts)
             report.online += sum(not v.cached for v in verdicts)
             report.failed += sum(v.failed for v in verdicts)

@@ -13,7 +13,7 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import openai
 from langchain_core.callbacks import CallbackManager
@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
 from langchain_core.runnables import RunnableConfig, ensure_config
 from langchain_core.stores import BaseStore
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 from tenacity import Retrying
 
 from langchain_tag.batch._jobs import (
@@ -86,6 +86,10 @@ class BatchFailedError(TAGError, RuntimeError):
         )
 
 
+Source = Literal["cache", "batch", "online"]
+"""Where a verdict of a prejudged job came from."""
+
+
 class BatchReport(BaseModel):
     """What a batch call did. `complete` is False while batches are still running."""
 
@@ -135,10 +139,24 @@ class BatchReport(BaseModel):
         "(`batch_expired`, `batch_cancelled`, `HTTP 500`, `unreadable`, ...).",
     )
 
+    _sources: dict[tuple[str, str], Source] = PrivateAttr(default_factory=dict)
+
     @property
     def complete(self) -> bool:
         """Whether every request is answered (none left in a running batch)."""
         return self.pending == 0
+
+    def source(self, text: str, rule_id: str) -> Source | None:
+        """Where the judgment's verdict came from in this call; None if not known.
+
+        "cache" (answered before it), "batch" (read from a batch's output), or
+        "online" (judged now, after its batch line failed, or on the online lane).
+        """
+        return self._sources.get((text, rule_id))
+
+    def note(self, text: str, rule_id: str, source: Source) -> None:
+        """Record where a judgment's verdict came from."""
+        self._sources[text, rule_id] = source
 
 
 class BatchExecution(NamedTuple):
@@ -220,6 +238,8 @@ def judge_in_batch(
         progress,
     )
     report = BatchReport(requests=len(keys), cached=len(keys) - len(pending))
+    for key in set(keys) - set(pending):
+        report.note(wanted[key][0], wanted[key][1].rule_id, "cache")
     config = ensure_config(config)
 
     def render(custom_ids: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -249,11 +269,14 @@ def judge_in_batch(
         )
         report.usage += _usage(m for m in messages if m is not None)
     report.from_batch = len(readable)
+    for key in readable:
+        report.note(wanted[key][0], wanted[key][1].rule_id, "batch")
     retry = run.unanswered(readable, report)
     by_text: defaultdict[str, list[Rule]] = defaultdict(list)
     for custom_id in retry:
         text, rule = wanted[custom_id]
         by_text[text].append(rule)
+        report.note(text, rule.rule_id, "online")
     online: list[Verdict] = []
     for text, rules in by_text.items():
         rates = {

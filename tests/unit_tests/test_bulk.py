@@ -288,8 +288,10 @@ def test_via_batch_sends_judgments_and_executions_in_batches(tmp_path: Path) -> 
             batch_settings=BatchSettings(sleep=clock.sleep, clock=clock.time),
         )
         out = tmp_path / "out.jsonl"
-        summary = job.run(read_inputs(_inputs(tmp_path / "in.jsonl")), out)
+        inputs = read_inputs(_inputs(tmp_path / "in.jsonl"))
+        summary = job.run(inputs, out)
         hits = dict(server.hits)
+        again = job.run(inputs, tmp_path / "again.jsonl")  # every verdict cached
     records = {r["id"]: r for r in iter_records(out)}
     assert records["a"]["matched"] == ["PEP8-IMPORT-WILDCARD"]
     assert "Replace the wildcard import" in records["a"]["answer"]
@@ -298,7 +300,16 @@ def test_via_batch_sends_judgments_and_executions_in_batches(tmp_path: Path) -> 
     assert summary.batch is not None
     assert summary.batch["judgments"]["from_batch"] == 36
     assert summary.batch["executions"]["from_batch"] == 4
-    assert summary.cached == 36  # matching read every verdict from the cache
+    # Before: every paid batch verdict was marked "cached" (and counted so),
+    # because matching read them back from the cache.
+    verdicts = [v for r in records.values() for v in r["verdicts"]]
+    assert {v["from"] for v in verdicts} == {"batch"}
+    assert not any(v.get("cached") for v in verdicts)
+    assert summary.cached == 0
+    cached = [v for r in iter_records(tmp_path / "again.jsonl") for v in r["verdicts"]]
+    assert {v["from"] for v in cached} == {"cache"}
+    assert all(v["cached"] for v in cached)
+    assert again.cached == 36
 
 
 def test_an_executor_call_is_retried_and_a_lasting_failure_stops_the_job(
