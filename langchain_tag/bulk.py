@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 from langchain_core.runnables import RunnableConfig
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from tenacity import Retrying
 
 from langchain_tag._text import (
@@ -237,6 +237,8 @@ class BulkRecord(BaseModel):
     answer: Any = Field(
         default=None, description="The executor's answer (absent with match_only)."
     )
+    _executed: bool = PrivateAttr(default=False)
+    """Whether this run called the executor for it (not a kept answer)."""
 
     @classmethod
     def of(
@@ -287,6 +289,15 @@ def _verdict(verdict: Verdict, source: str | None) -> dict[str, Any]:
         if source == "cache":
             written["cached"] = True
     return written
+
+
+def _execution_key(
+    executor: ActionOnlyExecutor, text: str, rules: Sequence[Rule]
+) -> str:
+    """Where an online run keeps an executor's answer: its model and exact messages."""
+    messages = [[m.type, m.text] for m in executor.messages(text, rules)]
+    payload = json.dumps([model_identity(executor.llm), messages])
+    return "tag-execution:" + hashlib.sha256(payload.encode()).hexdigest()
 
 
 def _jsonable(answer: Any) -> Any:
@@ -642,12 +653,23 @@ class BulkJob:
 
     def _one(self, item: BulkInput, config: RunnableConfig) -> BulkRecord:
         result = self.engine.match(item.input, self.rules, self.options, config)
-        answer = None
-        if self.executor is not None:
-            request = {"input": item.input, "rules": self._chosen(result)}
-            retrying = (self.executor_retry or ONE_ATTEMPT).retrying(Retrying)
-            answer = retrying(self.executor.invoke, request, config)
-        return BulkRecord.of(item, result, answer)
+        if self.executor is None:
+            return BulkRecord.of(item, result)
+        chosen = self._chosen(result)
+        store = getattr(self.engine.judge, "cache", None)
+        key = _execution_key(self.executor, item.input, chosen)
+        if store is not None and (kept := store.mget([key])[0]) is not None:
+            return BulkRecord.of(item, result, json.loads(kept))
+        request = {"input": item.input, "rules": chosen}
+        retrying = (self.executor_retry or ONE_ATTEMPT).retrying(Retrying)
+        answer = retrying(self.executor.invoke, request, config)
+        if store is not None:
+            # Kept as soon as it is paid for: a run killed before this input's
+            # line is written does not pay for it again when resumed.
+            store.mset([(key, json.dumps(_jsonable(answer)))])
+        record = BulkRecord.of(item, result, answer)
+        record._executed = True  # noqa: SLF001 - this run's own record
+        return record
 
     def _chosen(self, result: MatchResult) -> list[Rule]:
         by_id = {rule.rule_id: rule for rule in self.rules}
@@ -695,7 +717,7 @@ class BulkJob:
         summary.judgments += len(record.verdicts)
         summary.cached += sum(bool(v.get("cached")) for v in record.verdicts)
         summary.failed_judgments += len(record.failed_rule_ids)
-        summary.executor_calls += int(self.executor is not None)
+        summary.executor_calls += int(record._executed)  # noqa: SLF001
 
     # -- batch ------------------------------------------------------------------------
 
@@ -752,6 +774,7 @@ class BulkJob:
             answers = execution.outputs
         for (item, result), answer in zip(results, answers, strict=True):
             record = BulkRecord.of(item, result, answer, sources=report)
+            record._executed = self.executor is not None  # noqa: SLF001 - in batches
             self._count(record, summary)
             output.append(record.line(match_only=self.match_only))
             if progress is not None:

@@ -37,9 +37,10 @@ _CHAIN_FILTER = re.compile(
 )
 
 
-# A call's prompt is read for its fault key and again for its answer; a benchmark
-# sends the same prompts again and again, so each is read once.
-_read_prompt = functools.lru_cache(maxsize=4096)(read_judge_batch)
+# A call's prompt is read for its fault key and again for its answer, and a
+# benchmark sends the same prompts again and again: the last few are kept read
+# (few: a long run's memory stays flat once they are).
+_read_prompt = functools.lru_cache(maxsize=256)(read_judge_batch)
 
 
 def _read_first(prompt: str) -> tuple[str, Mapping[str, str]] | None:

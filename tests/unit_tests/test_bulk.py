@@ -326,8 +326,10 @@ def test_an_executor_call_is_retried_and_a_lasting_failure_stops_the_job(
     assert flaky.calls == 9 + 2  # one executor attempt failed, the next went through
 
     down = RuleAwareFakeChatModel(faults={"": [ConnectionError("reset")] * 3})
+    fresh = tmp_path / "fresh"  # another cache: the answer above is kept in this one
+    fresh.mkdir()
     with pytest.raises(BulkRunError, match="reset") as raised:
-        _job(tmp_path, down, executor_retry=retry).run(inputs, tmp_path / "o2.jsonl")
+        _job(fresh, down, executor_retry=retry).run(inputs, tmp_path / "o2.jsonl")
     assert raised.value.input_id == "a"
     assert not (tmp_path / "o2.jsonl").read_text()
 
@@ -390,3 +392,20 @@ def test_one_run_writes_an_output_at_a_time(tmp_path: Path) -> None:
         assert model.calls == 0
     summary = _job(tmp_path, RuleAwareFakeChatModel(), match_only=True).run(inputs, out)
     assert summary.done == 4
+
+
+def test_a_paid_executor_answer_is_kept_for_a_resumed_run(tmp_path: Path) -> None:
+    # Before: a run killed with executor calls in flight paid for them again when
+    # resumed (64 and 61 executor calls for 60 inputs).
+    inputs = read_inputs(_inputs(tmp_path / "in.jsonl"))
+    first = RuleAwareFakeChatModel()
+    summary = _job(tmp_path, first).run(inputs, tmp_path / "out.jsonl")
+    assert summary.executor_calls == len(inputs)
+    # As if killed after the answers were paid but before the lines were written.
+    again = RuleAwareFakeChatModel()
+    resumed = _job(tmp_path, again).run(inputs, tmp_path / "o2.jsonl")
+    assert (again.calls, resumed.executor_calls) == (0, 0)
+    written = {r["id"]: r["answer"] for r in iter_records(tmp_path / "out.jsonl")}
+    assert {
+        r["id"]: r["answer"] for r in iter_records(tmp_path / "o2.jsonl")
+    } == written
