@@ -51,6 +51,7 @@ from langchain_tag.extraction.documents import (
     page_starts_of,
     pages_of,
 )
+from langchain_tag.extraction.flags import flag_rules
 from langchain_tag.extraction.pairs import (
     DEFAULT_MAX_PAIRS,
     ComparisonPlan,
@@ -946,10 +947,12 @@ def finalize(state: ExtractionState, config: RunnableConfig) -> dict[str, Any]:
         )
         if (starts := page_starts_of(doc))
     }
-    final = [_to_rule(rule, ids, by_span, page_starts) for rule in rules]
+    final, flagged = flag_rules(
+        [_to_rule(rule, ids, by_span, page_starts) for rule in rules]
+    )
     report = _report(
         state, config, settings, final, removed, recovered, still_uncovered, tally
-    )
+    ).model_copy(update={"flagged": flagged})
     rulebook = {
         "format_version": FORMAT_VERSION,
         "domain": _domain(state),

@@ -67,6 +67,11 @@ class ExtractionReport(BaseModel):
     shared_names: dict[str, int]
     rules: int
     seconds: float
+    flagged: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="Rules kept but flagged because their text addresses the model "
+        "(`extraction.flags`): rule_id and what was found.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -157,6 +162,11 @@ class ExtractionReport(BaseModel):
             self._faithfulness_line(),
             self._coverage_line(),
             self._independence_line(),
+        ]
+        lines += [
+            f"warning: rule {f['rule_id']} {f['found']}; kept, flagged in its "
+            "metadata: review it before judging with it"
+            for f in self.flagged
         ]
         return "\n".join(lines)
 
