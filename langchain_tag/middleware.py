@@ -256,6 +256,12 @@ class TAGMiddleware(AgentMiddleware[TAGAgentState, Any]):
         ]
         if not new:
             return None
+        # The same text sent again (a retry after a failed judgment, say) is one
+        # message to judge, not the text twice.
+        first: dict[str, int] = {}
+        for i in new:
+            first.setdefault(messages[i].text, i)
+        new = sorted(first.values())
         humans = [cast("HumanMessage", messages[i]) for i in new]
         text = judged_text(humans, messages[: new[0]], self.history)
         turn = state.get("tag")

@@ -445,6 +445,28 @@ def test_a_failed_judgment_stops_the_invocation_under_raise() -> None:
     assert model.received == []
 
 
+def test_a_message_sent_again_after_a_failed_judgment_is_judged_once() -> None:
+    # Before: re-sending the message judged "trigger-002\n\ntrigger-002".
+    llm = RuleAwareFakeChatModel(faults={"R-002": [ValueError("boom")]})
+    agent, _ = _agent(TAGMiddleware(rulebook=RULES, llm=llm))
+    thread = _thread()
+    with pytest.raises(JudgmentError):
+        agent.invoke(_ask("trigger-002"), thread)
+    out = agent.invoke(_ask("trigger-002"), thread)  # the user sends it again
+    assert [m["rule_id"] for m in out["tag"]["matched"]] == ["R-002"]
+    assert all("trigger-002\n\ntrigger-002" not in p for p in llm.prompts)
+
+
+def test_a_failed_invocation_is_retried_by_invoking_with_none() -> None:
+    llm = RuleAwareFakeChatModel(faults={"R-002": [ValueError("boom")]})
+    agent, _ = _agent(TAGMiddleware(rulebook=RULES, llm=llm))
+    thread = _thread()
+    with pytest.raises(JudgmentError):
+        agent.invoke(_ask("trigger-002"), thread)
+    out = agent.invoke(None, thread)  # the documented retry: the same turn again
+    assert [m["rule_id"] for m in out["tag"]["matched"]] == ["R-002"]
+
+
 def test_a_failed_judgment_is_flagged_never_a_silent_no() -> None:
     llm = RuleAwareFakeChatModel(faults={"R-002": [ValueError("boom")] * 9})
     judge = ApplicabilityJudge(llm=llm, on_error="not_applicable")
