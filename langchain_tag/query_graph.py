@@ -131,16 +131,18 @@ class QueryContext:
 
     __pydantic_config__ = ConfigDict(arbitrary_types_allowed=True)
 
-    judge_model: SkipJsonSchema[BaseChatModel | BaseDecisionModel | None] = None
-    """The judge model: a chat model or a decision model (`BaseDecisionModel`);
-    None uses the environment's (`TAG_DECISION_MODEL`, else `default_chat_model`)."""
+    judge_model: str | SkipJsonSchema[BaseChatModel | BaseDecisionModel] | None = None
+    """The judge model: a chat model or a decision model (`BaseDecisionModel`), or
+    a chat model's `init_chat_model` name (`"openai:gpt-4o-mini"`: what a JSON
+    context over a server can carry); None uses the environment's
+    (`TAG_DECISION_MODEL`, else `default_chat_model`)."""
     judge: SkipJsonSchema[BaseJudge | None] = None
     """A ready judge (e.g. a `CascadeJudge`) instead of one made from `judge_model`,
     `logprobs`, `profile`, `rules_per_call`, `verdict_log` and `on_error`. It
     retries by the graph's `retry` in place of its own."""
-    executor_model: SkipJsonSchema[BaseChatModel | None] = None
-    """The executor; None uses the judge's model when it is a chat model, else
-    `default_chat_model()`."""
+    executor_model: str | SkipJsonSchema[BaseChatModel] | None = None
+    """The executor, or its `init_chat_model` name; None uses the judge's model when
+    it is a chat model, else `default_chat_model()`."""
     k: int | None = None
     """Execute with at most this many matched rules (best scores first)."""
     score_threshold: float | None = None
@@ -190,7 +192,13 @@ class QueryContext:
     rule flagged as unjudged (not applicable), for the judge built here."""
 
     def __post_init__(self) -> None:
-        """Refuse options the engine could not honour, before any model call."""
+        """Refuse options the engine could not honour, before any model call.
+
+        A model given by name is made here (`init_chat_model`), once per context.
+        """
+        for name in ("judge_model", "executor_model"):
+            if isinstance(given := getattr(self, name), str):
+                object.__setattr__(self, name, _named_model(given, name))
         self.options()
         check_rate(self.explore)
         self.__setstate__({})
@@ -387,6 +395,24 @@ def checkpoint_serializer() -> JsonPlusSerializer:
     return JsonPlusSerializer(allowed_msgpack_modules=STATE_TYPES)
 
 
+def _named_model(name: str, field: str) -> BaseChatModel:
+    """The chat model `init_chat_model` makes of `name`.
+
+    Raises:
+        ValueError: `name` names no model `init_chat_model` can make.
+    """
+    from langchain.chat_models import init_chat_model  # noqa: PLC0415
+
+    try:
+        return init_chat_model(name)
+    except (ValueError, ImportError) as error:
+        msg = (
+            f"{field}={name!r} names no chat model init_chat_model can make "
+            f"({error}); give 'provider:model', e.g. 'openai:gpt-4o-mini'."
+        )
+        raise ValueError(msg) from None
+
+
 def check_context_keys(context: Mapping[str, Any]) -> None:
     """Refuse a JSON context with keys `QueryContext` does not have.
 
@@ -472,8 +498,9 @@ def _executor(context: QueryContext) -> ActionOnlyExecutor:
     judge_model = (
         context.judge_model if isinstance(context.judge_model, BaseChatModel) else None
     )
+    executor = context.executor_model
     llm = (
-        context.executor_model
+        (executor if isinstance(executor, BaseChatModel) else None)  # named: made
         or judge_model
         or (context.judge.final_llm if context.judge is not None else None)
         or _environment_model()
@@ -647,10 +674,13 @@ def _extraction(state: QueryState) -> tuple[ExtractionInput, ExtractionSettings]
         "domain": context.domain,
     }
     # A decision model judges only: extraction writes with the executor's model.
-    extractor = (
-        context.judge_model
-        if isinstance(context.judge_model, BaseChatModel)
-        else context.executor_model
+    extractor = next(
+        (
+            model
+            for model in (context.judge_model, context.executor_model)
+            if isinstance(model, BaseChatModel)
+        ),
+        None,
     )
     return inputs, ExtractionSettings(llm=extractor, rule_schema=context.rule_schema)
 

@@ -28,6 +28,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import RunnableConfig
+from langchain_openai import ChatOpenAI
 from langgraph.cache.memory import InMemoryCache
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
@@ -207,6 +208,25 @@ def test_a_graph_opens_rulebook_paths_only_inside_its_folder(
     ):
         with pytest.raises(RulebookPathError):
             graph.invoke({"query": QUERY, "rulebook": name}, context=context)
+
+
+def test_models_and_the_filter_travel_as_json_in_the_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: only Python objects were accepted; a server's JSON context dropped them.
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    properties = build_query_graph().get_context_jsonschema()["properties"]
+    assert {"judge_model", "executor_model", "filter"} <= set(properties)
+    context = QueryContext(
+        judge_model="openai:gpt-4o-mini",
+        executor_model="openai:gpt-4.1-mini",
+        filter={"tags": ["imports"]},
+    )
+    assert isinstance(context.judge_model, ChatOpenAI)
+    assert context.judge_model.model_name == "gpt-4o-mini"
+    assert isinstance(context.executor_model, ChatOpenAI)
+    with pytest.raises(ValueError, match="judge_model='nope:x' names no chat model"):
+        QueryContext(judge_model="nope:x")
 
 
 # --- end to end with a rulebook -------------------------------------------------------
