@@ -215,7 +215,9 @@ def test_models_and_the_filter_travel_as_json_in_the_context(
 ) -> None:
     # Before: only Python objects were accepted; a server's JSON context dropped them.
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    properties = build_query_graph().get_context_jsonschema()["properties"]
+    schema = build_query_graph().get_context_jsonschema()
+    assert schema is not None
+    properties = schema["properties"]
     assert {"judge_model", "executor_model", "filter"} <= set(properties)
     context = QueryContext(
         judge_model="openai:gpt-4o-mini",
