@@ -16,51 +16,35 @@ from langchain_tag.testing import ExtractionFakeChatModel
 
 
 @pytest.mark.parametrize(
-    ("output", "message"),
+    ("option", "path", "message"),
     [
-        (".", "is a directory"),
-        ("doc.md/rulebook.json", "is not a directory"),
+        # Before: a raw traceback after the whole extraction had run (and been paid).
+        ("-o", ".", "is a directory"),
+        ("-o", "doc.md/rulebook.json", "is not a directory"),
+        # Before: sqlite3.OperationalError's traceback ("unable to open database").
+        ("--checkpoint", "ckdir", "ckdir is a directory; pass a file path"),
+        ("--checkpoint", "doc.md/ck.sqlite", "doc.md (or a folder above it) is a file"),
     ],
 )
-def test_tag_extract_checks_the_output_path_first(
-    output: str,
+def test_tag_extract_checks_its_paths_before_any_call(
+    option: str,
+    path: str,
     message: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # Before: a raw traceback after the whole extraction had run (and been paid).
-    monkeypatch.chdir(tmp_path)
-    Path("doc.md").write_text("# Rules\n\nImports must be on separate lines.\n")
-    model = ExtractionFakeChatModel()
-    monkeypatch.setattr("langchain_tag.models.default_chat_model", lambda **_: model)
-    code = cli.main(["extract", "doc.md", "-o", output, "--no-checkpoint", "-q"])
-    assert code == 2
-    assert message in capsys.readouterr().err
-    assert model.calls == 0
-
-
-@pytest.mark.parametrize(
-    ("checkpoint", "message"),
-    [
-        ("ckdir", "ckdir is a directory; pass a file path"),
-        ("doc.md/ck.sqlite", "doc.md (or a folder above it) is a file"),
-    ],
-)
-def test_tag_extract_refuses_a_checkpoint_that_cannot_be_one(
-    checkpoint: str,
-    message: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    # Before: sqlite3.OperationalError's traceback ("unable to open database file").
     monkeypatch.chdir(tmp_path)
     Path("doc.md").write_text("# Rules\n\nImports must be on separate lines.\n")
     Path("ckdir").mkdir()
     model = ExtractionFakeChatModel()
     monkeypatch.setattr("langchain_tag.models.default_chat_model", lambda **_: model)
-    code = cli.main(["extract", "doc.md", "-o", "r.json", "--checkpoint", checkpoint])
+    paths = (
+        ["-o", path, "--no-checkpoint"]
+        if option == "-o"
+        else ["-o", "r.json", "--checkpoint", path]
+    )
+    code = cli.main(["extract", "doc.md", *paths, "-q"])
     err = capsys.readouterr().err
     assert code == 2
     assert message in err
