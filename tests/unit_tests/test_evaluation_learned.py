@@ -98,8 +98,8 @@ def test_few_inputs_get_as_many_folds() -> None:
 
 def test_learned_methods_are_registered_with_their_notes() -> None:
     methods = {m.name: m for m in standard_methods("nba")}
-    assert methods["oracle+learned"].needs == ("rulebook", "gold")
-    assert methods["tag+learned"].needs == ("rulebook", "judge", "gold")
+    assert methods["oracle+learned"].needs == ("rulebook", "gold", "folds")
+    assert methods["tag+learned"].needs == ("rulebook", "judge", "gold", "folds")
     assert methods["oracle+learned"].scorer == "learned"
     assert "oracle's (gold labels)" in LEARNED_NOTES["oracle"]
     assert "standing in for the judge" in LEARNED_NOTES["model"]
