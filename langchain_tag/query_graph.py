@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import stat
@@ -150,9 +151,14 @@ class QueryContext:
     filter: dict[str, Any] | SkipJsonSchema[Callable[[Rule], bool]] | None = None
     """Judge only rules passing this filter (see `langchain_tag.engine.rule_passes`):
     field -> accepted value(s) (JSON, so it travels to a server), or a predicate."""
-    prefilter: SkipJsonSchema[BaseRetriever | None] = None
+    prefilter: str | SkipJsonSchema[BaseRetriever] | None = None
     """Shortlists candidate rules before judging (a similarity prefilter, or a
-    `LearnedPrefilter` with shadow judging); None judges every rule."""
+    `LearnedPrefilter` with shadow judging); None judges every rule. By name (what
+    a JSON context over a server can carry), built over the run's rules:
+    `"bm25:N"`, `"dense:N"` or `"hybrid:N"` keep the N rules most similar to the
+    query (`build_prefilter`; dense ones embed with the offline MiniLM of the
+    `local` extra); `"learned:FILE.npz"` loads a saved `LearnedPrefilter`, its
+    file opened as rulebook paths are (`build_query_graph(rulebook_dir=...)`)."""
     explore: float = 0.05
     """With a learned prefilter: the share of skipped pairs judged anyway."""
     retrain_every: int | None = None
@@ -199,6 +205,8 @@ class QueryContext:
         for name in ("judge_model", "executor_model"):
             if isinstance(given := getattr(self, name), str):
                 object.__setattr__(self, name, _named_model(given, name))
+        if isinstance(self.prefilter, str):
+            PrefilterName.parse(self.prefilter)
         self.options()
         check_rate(self.explore)
         self.__setstate__({})
@@ -229,12 +237,14 @@ class QueryContext:
             return named(self.profile, PROFILES, "profile")
         return CONDITION_PROFILE if schema is None else schema_profile(schema)
 
-    def settings(self) -> MatchSettings:
+    def settings(self, prefilter: BaseRetriever | None = None) -> MatchSettings:
         """These options as the engine takes them (`MatchSettings`, checked).
 
         Judgments are cached by the graph's node cache, if any: the judge built
-        here keeps no cache of its own.
+        here keeps no cache of its own. A prefilter given by name is built over a
+        run's rules and passed as `prefilter` (see `engine`).
         """
+        named = isinstance(self.prefilter, str)
         judge_options: dict[str, Any] = (
             {}
             if self.judge is not None
@@ -255,15 +265,20 @@ class QueryContext:
             k=self.k,
             score_threshold=self.score_threshold,
             filter=self.filter,
-            prefilter=self.prefilter,
+            prefilter=prefilter if prefilter is not None or named else self.prefilter,
             explore=self.explore,
-            retrain_every=self.retrain_every,
+            # The judging tasks' engine has no prefilter when it is named.
+            retrain_every=None if named and prefilter is None else self.retrain_every,
             max_concurrency=self.max_concurrency,
             **judge_options,
         )
 
     def engine(
-        self, retry: CallRetry, profile: RuleSchemaProfile = CONDITION_PROFILE
+        self,
+        retry: CallRetry,
+        profile: RuleSchemaProfile = CONDITION_PROFILE,
+        prefilter: Callable[[], BaseRetriever] | None = None,
+        prefilter_key: str = "",
     ) -> MatchEngine:
         """The engine of the runs with this context and profile, built on first use.
 
@@ -272,13 +287,23 @@ class QueryContext:
         judge's retries are the match nodes' only layer (they honour the
         provider's Retry-After, which LangGraph's node retry policy cannot): a
         judge passed in gets the graph's retries in place of its own.
+
+        Args:
+            retry: The judge's retries.
+            profile: What the judge is shown of each rule.
+            prefilter: Builds the prefilter named in `prefilter` for one set of
+                rules (None: the engine without it, which judges as well); called
+                once per `prefilter_key`.
+            prefilter_key: Names the rules `prefilter` builds over.
         """
-        engines: dict[tuple[CallRetry, RuleSchemaProfile], MatchEngine]
+        key = (retry, profile, prefilter_key if prefilter is not None else "")
+        engines: dict[tuple[CallRetry, RuleSchemaProfile, str], MatchEngine]
         engines = self.__dict__["_engines"]
         with self.__dict__["_lock"]:
-            engine = engines.get((retry, profile))
+            engine = engines.get(key)
             if engine is None:
-                engine = engines[retry, profile] = self.settings().build_engine(
+                built = None if prefilter is None else prefilter()
+                engine = engines[key] = self.settings(built).build_engine(
                     profile, retry
                 )
             return engine
@@ -452,11 +477,46 @@ def _engine(
     state: QueryState | MatchRequest, context: QueryContext, retry: CallRetry
 ) -> MatchEngine:
     """The engine judging this run's rules: by the profile of their schema."""
+    return context.engine(retry, _profile(state, context))
+
+
+def _profile(
+    state: QueryState | MatchRequest, context: QueryContext
+) -> RuleSchemaProfile:
+    """The profile judging this run's rules, by their schema."""
     # A checkpointer refusing unregistered types hands back the schema's fields.
     schema: object = state.get("rule_schema")
     if schema is not None:
         schema = RuleSchema.model_validate(schema)
-    return context.engine(retry, context.judged_by(schema))
+    return context.judged_by(schema)
+
+
+def _planning_engine(
+    state: QueryState,
+    context: QueryContext,
+    retry: CallRetry,
+    files: str | os.PathLike[str] | None,
+) -> MatchEngine:
+    """The engine that plans and selects this run (the `plan` and `execute` nodes).
+
+    With a prefilter given by name: the engine holding it, built over the run's
+    rules, its file opened as `files` (the graph's `rulebook_dir`) allows. The
+    judging tasks take `_engine`'s, which leaves it out.
+    """
+    if not isinstance(context.prefilter, str):
+        return _engine(state, context, retry)
+    rules = _rules(state)
+    digest = hashlib.sha256()
+    for rule in rules:
+        digest.update(rule.content_hash().encode())
+    return context.engine(
+        retry,
+        _profile(state, context),
+        prefilter=functools.partial(
+            PrefilterName.parse(context.prefilter).build, rules, files
+        ),
+        prefilter_key=digest.hexdigest(),
+    )
 
 
 def _plan(state: QueryState) -> MatchPlan:
@@ -543,13 +603,12 @@ class RulebookPathError(TAGError, PermissionError):
         )
 
 
-def _rulebook_at(given: str, allowed: str | os.PathLike[str] | None) -> Rulebook:
-    """The rulebook file a run's input names, if `allowed` lets this graph open it.
+def _served_path(given: str, allowed: str | os.PathLike[str] | None) -> Path:
+    """The file a run's input or context names, if `allowed` lets this graph open it.
 
     Raises:
         RulebookPathError: Not inside `allowed` (None: no folder), missing, not a
             regular file, or over `MAX_RULEBOOK_BYTES`; checked before any read.
-        RulebookError: A file that may be opened is not a valid rulebook.
     """
     if allowed == ANYWHERE:
         target = Path(given)
@@ -573,7 +632,85 @@ def _rulebook_at(given: str, allowed: str | os.PathLike[str] | None) -> Rulebook
         raise RulebookPathError  # a device, a pipe or a huge file: never read
     if found is None and allowed != ANYWHERE:
         raise RulebookPathError
-    return Rulebook.load(target)
+    return target
+
+
+def _rulebook_at(given: str, allowed: str | os.PathLike[str] | None) -> Rulebook:
+    """The rulebook file a run's input names, if `allowed` lets this graph open it.
+
+    Raises:
+        RulebookPathError: See `_served_path`.
+        RulebookError: A file that may be opened is not a valid rulebook.
+    """
+    return Rulebook.load(_served_path(given, allowed))
+
+
+_SIMILARITY_METHODS = ("bm25", "dense", "hybrid")
+
+
+@dataclass(frozen=True)
+class PrefilterName:
+    """A prefilter named in a JSON context: `"hybrid:40"` or `"learned:FILE.npz"`.
+
+    `kind` is `bm25`, `dense`, `hybrid` (with `n`, the rules kept) or `learned`
+    (with `file`, a saved `LearnedPrefilter`).
+    """
+
+    kind: str
+    n: int | None = None
+    file: str | None = None
+
+    @classmethod
+    def parse(cls, name: str) -> PrefilterName:
+        """Read `name`, or say what names a prefilter.
+
+        Raises:
+            ValueError: Not `METHOD:N` (a similarity method, N at least 1) nor
+                `learned:FILE`.
+        """
+        kind, _, arg = name.partition(":")
+        if kind == "learned" and arg.strip():
+            return cls(kind, file=arg.strip())
+        if kind in _SIMILARITY_METHODS and arg.strip().isdigit() and int(arg) >= 1:
+            return cls(kind, n=int(arg))
+        msg = (
+            f"Unknown prefilter name {name!r}: use 'bm25:N', 'dense:N' or "
+            "'hybrid:N' (keep the N rules most similar to the query, N at least 1) "
+            "or 'learned:FILE.npz' (a saved LearnedPrefilter)."
+        )
+        raise ValueError(msg)
+
+    def check(self, files: str | os.PathLike[str] | None) -> None:
+        """Refuse a prefilter file this graph does not open, before any model call.
+
+        Raises:
+            RulebookPathError: As for a rulebook path (`_served_path`).
+        """
+        if self.file is not None:
+            _served_path(self.file, files)
+
+    def build(
+        self, rules: list[Rule], files: str | os.PathLike[str] | None
+    ) -> BaseRetriever:
+        """The prefilter over `rules`; a file is opened as `files` allows.
+
+        Raises:
+            RulebookPathError: As for a rulebook path (`_served_path`).
+            ValueError: A file that is not a saved prefilter.
+        """
+        # Imported here: the graph loads neither (nor numpy) unless one is named.
+        from langchain_tag.learning.learned_prefilter import (  # noqa: PLC0415
+            LearnedPrefilter,
+        )
+        from langchain_tag.matching.prefilters import build_prefilter  # noqa: PLC0415
+
+        rulebook = Rulebook(rules=rules)
+        if self.file is not None:
+            return LearnedPrefilter.load(_served_path(self.file, files), rulebook)
+        built = build_prefilter(rulebook, cast("Any", self.kind), self.n)
+        if built is None:  # n is at least 1
+            raise AssertionError(self)
+        return built
 
 
 def load_rulebook(
@@ -602,6 +739,8 @@ def load_rulebook(
     # Unknown profile, template or schema names fail before any model call.
     context.judged_by(None)
     named(context.template, TEMPLATES, "template")
+    if isinstance(context.prefilter, str):
+        PrefilterName.parse(context.prefilter).check(rulebook_dir)
     rule_schema(context.rule_schema)
     update: dict[str, Any] = {
         "verdicts": Overwrite([]),
@@ -877,11 +1016,15 @@ def _dropping(rules: list[dict[str, Any]], dropped: set[str]) -> list[dict[str, 
 
 
 def plan(
-    state: QueryState, config: RunnableConfig, retry: CallRetry, default: QueryContext
+    state: QueryState,
+    config: RunnableConfig,
+    retry: CallRetry,
+    default: QueryContext,
+    files: str | os.PathLike[str] | None = ANYWHERE,
 ) -> dict[str, Any]:
     """Filter and prefilter the rules (`MatchEngine.plan`): what will be judged."""
     context = _context(default)
-    engine = _engine(state, context, retry)
+    engine = _planning_engine(state, context, retry, files)
     rules = _rules(state)
     planned = engine.plan(_query(state), rules, context.options(), config)
     # The cache is read once for the whole plan; the tasks judge only the rest.
@@ -889,11 +1032,15 @@ def plan(
 
 
 async def aplan(
-    state: QueryState, config: RunnableConfig, retry: CallRetry, default: QueryContext
+    state: QueryState,
+    config: RunnableConfig,
+    retry: CallRetry,
+    default: QueryContext,
+    files: str | os.PathLike[str] | None = ANYWHERE,
 ) -> dict[str, Any]:
     """Async `plan`: the prefilter runs on the event loop."""
     context = _context(default)
-    engine = _engine(state, context, retry)
+    engine = _planning_engine(state, context, retry, files)
     rules = _rules(state)
     options = context.options()
     planned = await engine.aplan(_query(state), rules, options, config)
@@ -1004,13 +1151,17 @@ def _judged_usage(state: QueryState) -> TokenUsage:
 
 
 def execute(
-    state: QueryState, config: RunnableConfig, retry: CallRetry, default: QueryContext
+    state: QueryState,
+    config: RunnableConfig,
+    retry: CallRetry,
+    default: QueryContext,
+    files: str | os.PathLike[str] | None = ANYWHERE,
 ) -> dict[str, Any]:
     """Select (`MatchEngine.result`), then answer with only the matched actions."""
     context = _context(default)
     planned = _plan(state)
     verdicts = [Verdict.model_validate(v) for v in state.get("verdicts", [])]
-    engine = _engine(state, context, retry)
+    engine = _planning_engine(state, context, retry, files)
     result = engine.result(planned, verdicts, _judged_usage(state))
     engine.retrain_if_due(_rules(state))
     summary = result.summary()
@@ -1130,7 +1281,8 @@ def build_query_graph(
     builder.add_node("review", review)
     # A run given no context shares this one, and so one engine (its bound).
     bound: dict[str, Any] = {"retry": retry, "default": QueryContext()}
-    builder.add_node("plan", _node(plan, aplan, "plan", **bound))
+    planning = {**bound, "files": rulebook_dir}
+    builder.add_node("plan", _node(plan, aplan, "plan", **planning))
     builder.add_node(
         "match_rule",
         _node(match_rule, amatch_rule, "match_rule", **bound),
@@ -1138,7 +1290,9 @@ def build_query_graph(
         input_schema=MatchRequest,
     )
     builder.add_node(
-        "execute", _node(execute, None, "execute", **bound), retry_policy=node_retry
+        "execute",
+        _node(execute, None, "execute", **planning),
+        retry_policy=node_retry,
     )
     builder.add_edge(START, "load_rulebook")
     builder.add_conditional_edges("load_rulebook", after_load, ["extract", "plan"])

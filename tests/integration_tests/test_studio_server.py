@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import pytest
 
 from langchain_tag import Rulebook
+from langchain_tag.matching.prefilters import build_prefilter
 from langchain_tag.resources import curated_rulebook
 from langchain_tag.settings import DECISION_MODEL_ENV_VAR
 from langchain_tag.testing import (
@@ -292,6 +293,30 @@ async def test_a_json_filter_judges_as_in_process(
     judged = len(fake_openai.requests) - before - 1  # the executor's call
     assert judged == len(kept)
     assert ids(output["matches"]) == ["PEP8-IMPORT-WILDCARD"]  # as in process
+
+
+async def test_a_prefilter_named_in_a_json_context_shortlists_as_in_process(
+    client: LangGraphClient,
+    fake_openai: FakeOpenAIServer,
+    pep8_rulebook: Rulebook,
+    pep8_json: dict[str, Any],
+) -> None:
+    """Before: no prefilter could travel in a JSON context (objects only)."""
+    kept = build_prefilter(pep8_rulebook, "bm25", 2)
+    assert kept is not None
+    expected = {d.metadata["rule_id"] for d in kept.invoke(QUERY)}
+    before = len(fake_openai.requests)
+    output: Any = await bounded(
+        client.runs.wait(
+            None,
+            "tag_query",
+            input={"query": QUERY, "rulebook": pep8_json},
+            context={"prefilter": "bm25:2"},
+        )
+    )
+    assert output["cost"]["judgments"] == 2 < len(pep8_rulebook)
+    assert len(fake_openai.requests) - before == 2 + 1  # and the executor's call
+    assert {m["rule_id"] for m in output["matches"]} <= expected
 
 
 async def test_query_run_judges_with_a_decision_model(

@@ -31,6 +31,7 @@ from langchain_tag.learning import (
     SQLiteVerdictLog,
 )
 from langchain_tag.matching import UnreliableMatchWarning
+from langchain_tag.matching.prefilters import build_prefilter
 from langchain_tag.models import CallRetry
 from langchain_tag.query_graph import QueryContext, build_query_graph
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
@@ -210,6 +211,62 @@ def test_retriever_and_graph_agree_with_a_learned_prefilter(tmp_path: Path) -> N
     last = results["graph"][-1]
     assert last.recall_estimate is not None
     assert sum(len(r.explored_rule_ids) for r in results["graph"]) > 0
+
+
+@PARITY_WARNINGS
+@pytest.mark.parametrize("name", ["bm25:3", "learned:model.npz"])
+def test_a_prefilter_named_in_the_graph_context_acts_as_the_object(
+    name: str, tmp_path: Path
+) -> None:
+    # A JSON context over a server cannot carry a prefilter object: its name does.
+    rulebook = tagged_rulebook()
+    fitted_prefilter(rulebook).save(tmp_path / "model.npz")
+    given = (
+        build_prefilter(rulebook, "bm25", 3)
+        if name.startswith("bm25")
+        else LearnedPrefilter.load(tmp_path / "model.npz", rulebook)
+    )
+    results = {}
+    calls = {}
+    for face in ("object", "name"):
+        model, log = face_doubles(tmp_path, face)
+        context = QueryContext(
+            judge_model=model,
+            executor_model=RuleAwareFakeChatModel(),
+            on_error="not_applicable",
+            verdict_log=log,
+            prefilter=given if face == "object" else name,
+            explore=0.0,
+        )
+        graph = build_query_graph(rulebook_dir=tmp_path)
+        data = rulebook.model_dump(mode="json")
+        results[face] = [
+            graph.invoke({"query": text, "rulebook": data}, context=context)["result"]
+            for text in INPUTS
+        ]
+        calls[face] = sorted(model.prompts)
+    assert [comparable(r) for r in results["object"]] == [
+        comparable(r) for r in results["name"]
+    ]
+    assert calls["object"] == calls["name"]
+    judged = sum(r.candidates for r in results["name"])
+    assert judged < len(rulebook.rules) * len(INPUTS)  # the name did shortlist
+
+
+def test_a_prefilter_name_is_checked_before_any_call(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"'hybrid:0'.*'bm25:N'.*'learned:FILE.npz'"):
+        QueryContext(prefilter="hybrid:0")
+    model = RuleAwareFakeChatModel()
+    served = build_query_graph(rulebook_dir=None)
+    with pytest.raises(query_graph.RulebookPathError):
+        served.invoke(
+            {
+                "query": text_for(0),
+                "rulebook": tagged_rulebook().model_dump(mode="json"),
+            },
+            context=QueryContext(judge_model=model, prefilter="learned:/etc/hostname"),
+        )
+    assert model.calls == 0
 
 
 # --- steps ----------------------------------------------------------------------------
@@ -423,9 +480,9 @@ def test_runs_without_a_context_share_one_engine(
     built: list[object] = []
     real = QueryContext.settings
 
-    def counting(context: QueryContext) -> Any:
+    def counting(context: QueryContext, *args: Any) -> Any:
         built.append(context)
-        return real(context)
+        return real(context, *args)
 
     monkeypatch.setattr(QueryContext, "settings", counting)
     graph = build_query_graph()

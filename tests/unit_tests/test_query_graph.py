@@ -296,9 +296,9 @@ def test_one_judge_serves_every_rule_of_a_run(
     built: list[QueryContext] = []
     real = QueryContext.settings
 
-    def counting(context: QueryContext) -> Any:
+    def counting(context: QueryContext, *args: Any) -> Any:
         built.append(context)
-        return real(context)
+        return real(context, *args)
 
     monkeypatch.setattr(QueryContext, "settings", counting)
     graph = build_query_graph()
