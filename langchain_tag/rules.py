@@ -45,6 +45,7 @@ __all__ = [
     "RulebookError",
     "SourceDocument",
     "SourceSpan",
+    "rule_text",
 ]
 
 FORMAT_VERSION = 1
@@ -600,3 +601,18 @@ def _atomic_write_bytes(target: Path, data: bytes) -> None:
         finally:
             os.close(dir_fd)
     _remove_stale_temp_files(target)
+
+
+def rule_text(rule: Rule) -> str:
+    """The text embedded for a rule: what a similarity prefilter compares an input to.
+
+    The judge decides from name and condition (never the action), so those are what
+    an input should resemble; tags add the category vocabulary.
+    """
+    lines = [rule.name, rule.condition]
+    # Profiles such as the NBA matcher judge from `applies_when` as well.
+    if rule.applies_when:
+        lines.append(rule.applies_when)
+    if rule.tags:
+        lines.append("Tags: " + ", ".join(rule.tags))
+    return "\n".join(lines)

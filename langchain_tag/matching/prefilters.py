@@ -37,7 +37,7 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 from rank_bm25 import BM25Okapi  # type: ignore[import-untyped]
 
-from langchain_tag.rules import Rule, Rulebook
+from langchain_tag.rules import Rule, Rulebook, rule_text
 
 if TYPE_CHECKING:
     from langchain_tag.matching.store import RuleStore
@@ -52,7 +52,6 @@ __all__ = [
     "build_prefilter",
     "rank_by_score",
     "rule_items",
-    "rule_text",
     "tokenize",
 ]
 
@@ -83,21 +82,6 @@ def rank_by_score(scores: Mapping[str, float]) -> list[str]:
 def tokenize(text: str) -> list[str]:
     """Lowercase words (letters, digits, underscores): the BM25 vocabulary."""
     return _WORD.findall(text.lower())
-
-
-def rule_text(rule: Rule) -> str:
-    """The text embedded for a rule: what a similarity prefilter compares an input to.
-
-    The judge decides from name and condition (never the action), so those are what
-    an input should resemble; tags add the category vocabulary.
-    """
-    lines = [rule.name, rule.condition]
-    # Profiles such as the NBA matcher judge from `applies_when` as well.
-    if rule.applies_when:
-        lines.append(rule.applies_when)
-    if rule.tags:
-        lines.append("Tags: " + ", ".join(rule.tags))
-    return "\n".join(lines)
 
 
 def rule_items(rules: Rulebook | Sequence[Rule]) -> list[Item]:

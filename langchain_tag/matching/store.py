@@ -23,8 +23,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 
 from langchain_tag._text import batches
-from langchain_tag.matching.prefilters import rule_text
-from langchain_tag.rules import Rule, Rulebook
+from langchain_tag.rules import Rule, Rulebook, rule_text
 
 __all__ = [
     "DEFAULT_PERSIST_DIRECTORY",

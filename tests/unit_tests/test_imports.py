@@ -70,10 +70,28 @@ def _runtime_modules() -> dict[str, ast.Module]:
     return modules
 
 
+def _outside_functions(tree: ast.AST) -> list[ast.AST]:
+    """The nodes of `tree` not inside a function body.
+
+    They run at import time, or only for a type checker (`if TYPE_CHECKING:`),
+    which counts as importing.
+    """
+    found: list[ast.AST] = []
+    for node in ast.iter_child_nodes(tree):
+        found.append(node)
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            found.extend(_outside_functions(node))
+    return found
+
+
 def _imported(module: str, tree: ast.Module, *, top_level_only: bool) -> set[str]:
-    """The langchain_tag modules `module` imports (at import time, if asked)."""
+    """The langchain_tag modules `module` imports.
+
+    With `top_level_only`, at import time or for the type checker; else anywhere,
+    in functions too.
+    """
     found = set()
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    nodes = _outside_functions(tree) if top_level_only else list(ast.walk(tree))
     for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             base = node.module

@@ -24,10 +24,10 @@ from langchain_tag.matching.prefilters import (
     build_prefilter,
     rank_by_score,
     rule_items,
-    rule_text,
     tokenize,
 )
 from langchain_tag.matching.store import RuleStore
+from langchain_tag.rules import rule_text
 from langchain_tag.testing import HashingFakeEmbeddings, RuleAwareFakeChatModel
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
