@@ -35,7 +35,6 @@ from pydantic import BaseModel, Field
 
 from langchain_tag._text import slug
 from langchain_tag.engine import MatchResult
-from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.execution import CODE_TEMPLATE, ActionOnlyExecutor
 from langchain_tag.matching import (
     ApplicabilityJudge,
@@ -47,6 +46,7 @@ from langchain_tag.models import ModelNotConfiguredError, configured_model
 from langchain_tag.resources import curated_rulebook
 from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.rules import Rulebook
+from langchain_tag.usage import UsageCounter
 
 if TYPE_CHECKING:
     from langchain_core.embeddings import Embeddings
@@ -665,7 +665,7 @@ def _list_rules(say: Callable[[str], None], rulebook: Rulebook, shown: int = 5) 
 def _run_snippet(
     snippet: Snippet, retriever: TAGRetriever, executor: ActionOnlyExecutor
 ) -> SnippetReport:
-    usage = CallCounter()
+    usage = UsageCounter()
     config: Any = {"callbacks": [usage]}
     started = time.perf_counter()
     with warnings.catch_warnings():
@@ -693,8 +693,8 @@ def _run_snippet(
         answer_error=answer_error,
         llm_calls=usage.calls,
         judging_calls=result.usage.calls if result.usage is not None else 0,
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
+        input_tokens=usage.usage.input_tokens or 0,
+        output_tokens=usage.usage.output_tokens or 0,
         matching_seconds=matched - started,
         seconds=time.perf_counter() - started,
     )

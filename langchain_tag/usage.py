@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import contextvars
+import json
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.callbacks import UsageMetadataCallbackHandler
-from langchain_core.decisions import ClassifierResponse
+from langchain_core.decisions import ClassifierResponse, Noul
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.messages.ai import UsageMetadata, add_usage
 from langchain_core.runnables import RunnableConfig
@@ -555,3 +556,46 @@ def format_usd(value: float | None) -> str:
     if value == 0:
         return "$0"
     return f"${value:,.2f}" if value >= 1 else f"${value:.4f}"
+
+
+def sent_instructions(question: Noul) -> str:
+    """A question's instructions as `OpenAIClassifier` sends them, as text.
+
+    The Decisions API's predicates have no field for criteria, so the classifier
+    appends them to the instructions, one line per outcome ("Answer true if: ...").
+    Written here rather than taken from langchain-openai's private conversion,
+    which cannot be imported without tiktoken (an estimate must count without it);
+    `test_usage.py` checks the two agree.
+    """
+    text = _as_text(question.instructions)
+    criteria = question.criteria
+    if criteria is None:
+        return text
+    appended = "\n".join(
+        f"Answer {outcome} if: {_as_text(description)}"
+        for outcome, description in (("true", criteria.true), ("false", criteria.false))
+        if description is not None
+    )
+    return f"{text}\n\n{appended}" if appended else text
+
+
+def _as_text(content: object) -> str:
+    return (
+        content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    )
+
+
+def decision_request_tokens(
+    count: Callable[[str], int], state: str, questions: Iterable[Noul]
+) -> int:
+    """Input tokens of one decision request: the state once, then each question.
+
+    Each question as sent (`sent_instructions`), counted on its own; the API's own
+    framing of the request is not known, so none is added.
+
+    Args:
+        count: Tokens of a text (`langchain_tag.usage.token_counter().count`).
+        state: The input text, sent as it is.
+        questions: The request's questions.
+    """
+    return count(state) + sum(count(sent_instructions(q)) for q in questions)

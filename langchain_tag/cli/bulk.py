@@ -390,7 +390,7 @@ def _exists(location: str) -> bool:
 def _estimate(
     args: argparse.Namespace, job: BulkJob, todo: Sequence[BulkInput], already: int
 ) -> int:
-    from langchain_tag.evaluation.estimate import estimate_bulk  # noqa: PLC0415
+    from langchain_tag.estimate import estimate_bulk  # noqa: PLC0415
 
     token_prices, caching = prices.from_args(args)
     found = estimate_bulk(

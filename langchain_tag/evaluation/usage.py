@@ -10,14 +10,16 @@ the decision oracle reports what its requests would send a decision model
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable
 from typing import Any
 
-from langchain_core.decisions import Noul
 from langchain_core.messages import BaseMessage
 
-from langchain_tag.usage import TokenUsage, UsageCounter
+from langchain_tag.usage import (
+    TokenUsage,
+    UsageCounter,
+    decision_request_tokens,
+    sent_instructions,
+)
 
 __all__ = [
     "ORACLE_LLM_TYPE",
@@ -109,43 +111,3 @@ def _is_decision_oracle(event: dict[str, Any]) -> bool:
 
 
 # --- What a decision request sends --------------------------------------------------
-
-
-def sent_instructions(question: Noul) -> str:
-    """A question's instructions as `OpenAIClassifier` sends them, as text.
-
-    The Decisions API's predicates have no field for criteria, so the classifier
-    appends them to the instructions; its own conversion is used where
-    langchain-openai has it, else the instructions with the criteria as JSON.
-    """
-    try:
-        from langchain_openai.decisions._classifier_input import (  # noqa: PLC0415
-            _to_classifier_questions,
-        )
-    except ImportError:  # a langchain-openai before the Decisions API
-        text = _as_text(question.instructions)
-        if question.criteria is None:
-            return text
-        return f"{text}\n\n{json.dumps(question.criteria.model_dump(mode='json'))}"
-    [sent] = _to_classifier_questions({"question": question})
-    return _as_text(sent["instructions"])
-
-
-def _as_text(content: object) -> str:
-    return content if isinstance(content, str) else json.dumps(content)
-
-
-def decision_request_tokens(
-    count: Callable[[str], int], state: str, questions: Iterable[Noul]
-) -> int:
-    """Input tokens of one decision request: the state once, then each question.
-
-    Each question as sent (`sent_instructions`), counted on its own; the API's own
-    framing of the request is not known, so none is added.
-
-    Args:
-        count: Tokens of a text (`langchain_tag.usage.token_counter().count`).
-        state: The input text, sent as it is.
-        questions: The request's questions.
-    """
-    return count(state) + sum(count(sent_instructions(q)) for q in questions)

@@ -39,6 +39,7 @@ from langchain_tag.matching.decision import noul_response
 from langchain_tag.matching.prompts import read_decision_question
 from langchain_tag.testing.judges import condition_holds
 from langchain_tag.testing.server import FakeOpenAIServer, Refusal
+from langchain_tag.usage import sent_instructions
 
 __all__ = ["FakeDecisionsServer", "RuleAwareFakeDecisionModel"]
 
@@ -84,19 +85,10 @@ def _json_text(content: object) -> str:
 def _noul_text(question: Noul) -> str:
     """The instructions as `OpenAIClassifier` sends them: criteria appended as text.
 
-    So the fake model and the fake server see (and count) the same text.
+    So the fake model, the fake server and the estimates see (and count) the same
+    text (`langchain_tag.usage.sent_instructions`).
     """
-    text = _json_text(question.instructions)
-    criteria = question.criteria
-    if criteria is None:
-        return text
-    outcomes = (("true", criteria.true), ("false", criteria.false))
-    appended = "\n".join(
-        f"Answer {outcome} if: {_json_text(description)}"
-        for outcome, description in outcomes
-        if description is not None
-    )
-    return f"{text}\n\n{appended}" if appended else text
+    return sent_instructions(question)
 
 
 class RuleAwareFakeDecisionModel(BaseDecisionModel):

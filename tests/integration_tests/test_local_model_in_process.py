@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from langchain_tag import Rulebook, TAGRetriever
-from langchain_tag.evaluation.usage import CallCounter
 from langchain_tag.local_model import (
     JSON_RESPONSE_FORMAT,
     VERDICT_RESPONSE_FORMAT,
@@ -28,6 +27,7 @@ from langchain_tag.local_model import (
 from langchain_tag.local_model._decisions import Asked
 from langchain_tag.models import with_settings
 from langchain_tag.testing import trigger_rulebook
+from langchain_tag.usage import UsageCounter
 from tests.integration_tests.servers import LOCAL_MODEL_PACKAGES, skip_unless_installed
 from tests.unit_tests.conftest import HANG_GUARD
 
@@ -70,7 +70,7 @@ def test_the_judge_gets_a_constrained_verdict_and_a_score(
     model: InProcessModel, pep8_rulebook: Rulebook
 ) -> None:
     judge = model.judge(cache=None)
-    counter = CallCounter()
+    counter = UsageCounter()
     rules = pep8_rulebook.rules[:3]
     verdicts = judge.judge_rules(
         SNIPPET, rules, {"callbacks": [counter], "max_concurrency": 3}
@@ -83,8 +83,10 @@ def test_the_judge_gets_a_constrained_verdict_and_a_score(
         # The score and the decision agree: the decision is the likelier token.
         assert verdict.applies is (verdict.score >= 0.5)
     assert counter.calls == len(rules)
-    assert counter.input_tokens > 100 * len(rules)  # the judge's prompts
-    assert counter.output_tokens == 7 * len(rules)  # {"verdict": "yes"} is 7 tokens
+    assert (counter.usage.input_tokens or 0) > 100 * len(rules)  # the judge's prompts
+    assert counter.usage.output_tokens == 7 * len(
+        rules
+    )  # {"verdict": "yes"} is 7 tokens
 
 
 def test_a_verdict_answer_is_exactly_one_of_the_schemas_objects(

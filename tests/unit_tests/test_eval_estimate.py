@@ -11,7 +11,6 @@ runs on a fresh clone; the NBA test runs on the real data when it is present.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,6 @@ from langchain_tag.evaluation.estimate import (
     MethodEstimate,
     NoCallChatModel,
     NoCallDecisionModel,
-    estimate_bulk,
     estimate_methods,
     estimate_table,
     token_counter,
@@ -65,14 +63,13 @@ from langchain_tag.matching import (
 )
 from langchain_tag.matching.decision import DecisionJudge
 from langchain_tag.matching.prompts import read_judge_message
-from langchain_tag.settings import MatchSettings
 from langchain_tag.testing import (
     HashingFakeEmbeddings,
     RuleAwareFakeChatModel,
     ScriptedFakeChatModel,
 )
 from langchain_tag.testing.decisions import RuleAwareFakeDecisionModel
-from langchain_tag.usage import PromptCaching, TokenPrices, UsageCounter
+from langchain_tag.usage import PromptCaching, TokenPrices
 
 COUNTER = token_counter()
 
@@ -472,32 +469,6 @@ async def test_the_decision_placeholder_refuses_every_request() -> None:
         NoCallDecisionModel().invoke(request)
     with pytest.raises(EstimateModeError, match="decision model placeholder"):
         await NoCallDecisionModel().ainvoke(request)
-
-
-async def test_bulk_estimate_prices_a_decision_judge_as_its_run(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    without_tiktoken(monkeypatch)
-    decisions = RuleAwareFakeDecisionModel()
-    # Four questions a request: six rules take two requests per input.
-    engine = MatchSettings(llm=decisions, questions_per_request=4).build_engine()
-    texts = [text for text, _ in TEXTS]
-    prices = TokenPrices(input=0.15, output=0.60)
-    found = estimate_bulk(engine, RULEBOOK.rules, texts, prices=prices)
-    assert isinstance(engine.judge, DecisionJudge)
-    assert found.judge_calls == len(texts) * math.ceil(len(RULEBOOK) / 4)
-    assert found.judgments == len(texts) * len(RULEBOOK)
-    counter = UsageCounter()
-    for text in texts:
-        await engine.amatch(text, RULEBOOK.rules, config=counter.watch())
-    assert found.judge_calls == decisions.calls == counter.calls
-    assert found.usage.input_tokens == counter.usage.input_tokens
-    assert (found.usage.output_tokens, found.usage.cached_input_tokens) == (0, 0)
-    assert found.dollars == pytest.approx((found.usage.input_tokens or 0) * 0.15 / 1e6)
-    assert "decision requests: input tokens only" in " ".join(found.notes)
-    # Every verdict is cached now: nothing left to ask.
-    again = estimate_bulk(engine, RULEBOOK.rules, texts)
-    assert (again.judge_calls, again.cached_verdicts) == (0, found.judgments)
 
 
 # --- Pieces -----------------------------------------------------------------------

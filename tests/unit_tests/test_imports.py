@@ -173,7 +173,7 @@ LAYERS = [
     {"extraction", "matching", "execution"},
     {"learning", "batch"},
     {"engine"},
-    {"settings"},
+    {"settings", "estimate"},
     {"retrievers", "query_graph", "middleware", "bulk"},
     {"baselines", "evaluation", "demo", "cli", "local_model"},
 ]
@@ -202,6 +202,29 @@ def test_layers_import_downwards_only() -> None:
         and high > low
     )
     assert upward == []
+
+
+EXPERIMENTS = ("evaluation", "baselines", "data")
+"""The paper's harness: data-set loaders, baselines and `tag eval` (`cli.eval`)."""
+
+
+def test_the_library_imports_nothing_of_the_harness() -> None:
+    # What the wheel needs apart from the harness, so the two can be shipped apart.
+    def harness(module: str) -> bool:
+        parts = module.split(".")
+        return len(parts) > 1 and (
+            parts[1] in EXPERIMENTS or parts[1:3] == ["cli", "eval"]
+        )
+
+    modules = _runtime_modules()
+    reaching = sorted(
+        f"{name} -> {imported}"
+        for name, tree in modules.items()
+        if not harness(name) and name != "langchain_tag.cli"
+        for imported in _imported(name, tree, top_level_only=False)
+        if harness(imported)
+    )
+    assert reaching == []
 
 
 HEAVY = (

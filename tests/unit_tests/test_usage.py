@@ -6,7 +6,7 @@ from typing import Any, cast
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler, CallbackManager
-from langchain_core.decisions import ClassifierResponse
+from langchain_core.decisions import ClassifierResponse, Noul, NoulCriteria
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, LLMResult
@@ -26,6 +26,7 @@ from langchain_tag.usage import (
     active_counter,
     count_call,
     format_usd,
+    sent_instructions,
 )
 
 UNKNOWN = {"input_tokens": None, "cached_input_tokens": None, "output_tokens": None}
@@ -286,3 +287,23 @@ def test_a_request_counts_its_tokens_and_what_a_cache_serves() -> None:
 )
 def test_dollars_as_the_estimates_print_them(value: float | None, shown: str) -> None:
     assert format_usd(value) == shown
+
+
+@pytest.mark.parametrize(
+    "criteria",
+    [
+        None,
+        NoulCriteria(true="it holds", false="it does not"),
+        NoulCriteria(true="it holds"),
+    ],
+)
+def test_decision_instructions_are_counted_as_openai_classifier_sends_them(
+    criteria: NoulCriteria | None,
+) -> None:
+    classifier_input = pytest.importorskip(
+        "langchain_openai.decisions._classifier_input",
+        reason="langchain-openai with the Decisions API (and tiktoken)",
+    )
+    question = Noul(instructions="Does the input import *?", criteria=criteria)
+    [sent] = classifier_input._to_classifier_questions({"q": question})
+    assert sent_instructions(question) == sent["instructions"]
