@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from langchain_tag.data import DATA_DIR_ENV, shared_data_dir
+from langchain_tag_experiments.data import DATA_DIR_ENV, shared_data_dir
 
 MISSING_DATA_STATUS = 2
 """The exit status of a script whose data is missing."""
@@ -86,7 +86,7 @@ def require_data_dir(option: Path | None, required: Sequence[Path]) -> Path:
     """The shared data directory, with every file in `required`; else exit 2.
 
     The directory is `--data-dir`, else `$TAG_DATA_DIR`, else `../shared/data`
-    beside the repository (see `langchain_tag.data.shared_data_dir`).
+    beside the repository (see `langchain_tag_experiments.data.shared_data_dir`).
 
     Args:
         option: The `--data-dir` value, if given.

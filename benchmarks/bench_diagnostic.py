@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import Any
 
 import _common
-
-from langchain_tag.embeddings import LocalMiniLMEmbeddings
-from langchain_tag.evaluation import (
+from langchain_tag_experiments.evaluation import (
     MismatchReport,
     load_nba,
     load_obliqa,
     mismatch_diagnostic,
 )
+
+from langchain_tag.embeddings import LocalMiniLMEmbeddings
 from langchain_tag.matching.prefilters import (
     BM25Scorer,
     DenseScorer,

@@ -61,10 +61,14 @@ from typing import Any
 
 import _common
 import numpy as np
+from langchain_tag_experiments.evaluation import load_nba, load_obliqa
+from langchain_tag_experiments.evaluation.learned import (
+    KFOLDS,
+    kfold_splits,
+    verdict_examples,
+)
 
 from langchain_tag._text import digest
-from langchain_tag.evaluation import load_nba, load_obliqa
-from langchain_tag.evaluation.learned import KFOLDS, kfold_splits, verdict_examples
 from langchain_tag.learning.learned_prefilter import (
     LabelledExample,
     LearnedPrefilter,

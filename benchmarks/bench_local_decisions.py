@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import _common
+from langchain_tag_experiments.evaluation.datasets import load_nba
 
 from langchain_tag import demo
-from langchain_tag.evaluation.datasets import load_nba
 from langchain_tag.local_model import InProcessModel
 from langchain_tag.local_model._decisions import (
     DECISION_INSTRUCTIONS,

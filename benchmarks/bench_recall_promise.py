@@ -58,8 +58,8 @@ from pathlib import Path
 
 import _common
 import numpy as np
+from langchain_tag_experiments.evaluation import load_nba
 
-from langchain_tag.evaluation import load_nba
 from langchain_tag.learning.learned_prefilter import FeatureHashing, LearnedPrefilter
 from langchain_tag.learning.promise import MissBudget
 from langchain_tag.learning.retraining import Retrainer

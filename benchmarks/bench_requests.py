@@ -65,9 +65,9 @@ import tiktoken
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import BaseMessage
 from langchain_openai.decisions import OpenAIClassifier
+from langchain_tag_experiments.evaluation.datasets import load_nba
 
 from langchain_tag import ApplicabilityJudge
-from langchain_tag.evaluation.datasets import load_nba
 from langchain_tag.matching import DecisionJudge
 from langchain_tag.testing import FakeOpenAIServer, Refusal, RuleAwareFakeChatModel
 from langchain_tag.testing.decisions import FakeDecisionsServer

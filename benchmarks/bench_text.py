@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import _common
+from langchain_tag_experiments.data import shared_data_dir
 
-from langchain_tag.data import shared_data_dir
 from langchain_tag.extraction.sectioning import detect_format, split_sections
 from langchain_tag.extraction.verification import coverage, locate_span
 

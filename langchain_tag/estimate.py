@@ -5,7 +5,7 @@ planned by the engine itself and each judge call rendered with the judge's own
 prompt, its tokens counted (`token_counter`); the answers are a NO per judgment and
 a typical answer per execution template (`EXECUTOR_ANSWERS`). The meter, the costs
 and the answers are shared with the evaluation harness's estimate of its methods
-(`langchain_tag.evaluation.estimate`), which walks more kinds of retrieval.
+(`langchain_tag_experiments.evaluation.estimate`), which walks more kinds of retrieval.
 """
 
 from __future__ import annotations

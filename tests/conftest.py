@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from langchain_tag_experiments.data import shared_data_dir
 
 from langchain_tag import Rulebook
-from langchain_tag.data import shared_data_dir
 
 __all__ = ["FIXTURES", "data_dir", "pep8_rulebook", "shared_data_dir"]
 

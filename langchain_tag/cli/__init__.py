@@ -2,34 +2,45 @@
 
 tag extract FILES... --domain D -o rulebook.json
 tag run RULEBOOK "input"
-tag eval nba|obliqa|humaneval|all [--offline] [--limit N] [--out DIR]
 tag demo [--sections TITLES] [--offline]
 tag verdicts stats|export [LOG]
 tag prefilter train RULEBOOK [LOG] -o MODEL
 
 Each command module registers its options and imports what it runs only when it
-runs, so `tag --help` loads neither LangGraph nor the judge.
+runs, so `tag --help` loads neither LangGraph nor the judge. Other distributions add
+commands as entry points in the `langchain_tag.commands` group, each a module with
+the same `add_parser(commands)` (`tag eval` comes with langchain-tag-experiments).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import stat
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from importlib.metadata import entry_points
+from types import ModuleType
 
-from langchain_tag.cli import (
-    demo,
-    eval,  # noqa: A004 - `tag eval`
-    extract,
-    prefilter,
-    run,
-    verdicts,
-)
+from langchain_tag.cli import demo, extract, prefilter, run, verdicts
 from langchain_tag.cli.errors import CommandError
+
+COMMANDS_GROUP = "langchain_tag.commands"
+"""The entry-point group of commands other distributions add to `tag`."""
+
+ELSEWHERE = {
+    "eval": "langchain-tag-experiments (the paper's evaluation harness): pip install "
+    "langchain-tag-experiments, or `bash scripts/setup` in a checkout",
+}
+"""Commands of other distributions, and where to get them when not installed."""
+
+
+def _plugins() -> list[ModuleType]:
+    """The command modules other installed distributions register."""
+    return [found.load() for found in entry_points(group=COMMANDS_GROUP)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,9 +56,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"%(prog)s {__version__ or 'unknown'}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for command in (extract, run, eval, demo, verdicts, prefilter):
+    for command in (extract, run, demo, verdicts, prefilter, *_plugins()):
         command.add_parser(commands)
+    for name, where in ELSEWHERE.items():
+        if name not in commands.choices:
+            # Named, so that `tag eval` says where it comes from, not "invalid choice".
+            absent = commands.add_parser(
+                name, help=f"not installed: comes with {where.split(' ')[0]}"
+            )
+            absent.add_argument("rest", nargs=argparse.REMAINDER)
+            absent.set_defaults(handler=functools.partial(_not_installed, name, where))
     return parser
+
+
+def _not_installed(name: str, where: str, args: argparse.Namespace) -> int:
+    del args
+    msg = f"`tag {name}` is not installed here: it comes with {where}."
+    raise CommandError(msg)
 
 
 BROKEN_PIPE_STATUS = 141

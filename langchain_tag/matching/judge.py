@@ -392,7 +392,7 @@ class ModelJudge(BaseJudge):
         """The (label, value) pairs of `rule` the model sees: the profile's, no action.
 
         Prompt, cache key and prefix share all follow this; only the relevance
-        baseline (`langchain_tag.baselines.RelevanceJudge`) adds the action.
+        baseline (`langchain_tag_experiments.baselines.RelevanceJudge`) adds the action.
         """
         return self.profile.judged_fields(rule)
 

@@ -216,7 +216,7 @@ NBA_CRITERIA = (
 # The method's controlled baseline: the same pairwise setup as the judge (one call per
 # input and rule, same layout and answer format), but it asks whether the rule is
 # relevant, meaning plausibly useful, and it shows the rule's action. TAG itself never
-# sends this prompt; `langchain_tag.baselines.RelevanceJudge` does.
+# sends this prompt; `langchain_tag_experiments.baselines.RelevanceJudge` does.
 
 RELEVANCE_SYSTEM = """\
 You are a relevance judge. You receive an input and one rule, given by its name, the \

@@ -28,9 +28,9 @@ from typing import Any
 
 import nbformat
 import pytest
+from langchain_tag_experiments.data import shared_data_dir
 from nbclient import NotebookClient
 
-from langchain_tag.data import shared_data_dir
 from langchain_tag.testing import FakeOpenAIServer, JudgeAndExtractorFakeChatModel
 from langchain_tag.testing.notebook import OFFLINE_NOTE
 

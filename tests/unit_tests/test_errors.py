@@ -11,7 +11,6 @@ import pytest
 import langchain_tag
 from langchain_tag import TAGError, cli
 from langchain_tag.cli.errors import CommandError
-from langchain_tag.evaluation.datasets import DataNotFoundError, DatasetError
 from langchain_tag.matching import JudgmentError
 from langchain_tag.matching.verdicts import FailureKind, advice, failure_kind
 from langchain_tag.models import CallRetry, ModelNotConfiguredError
@@ -61,8 +60,6 @@ def test_every_exception_of_the_package_is_a_tag_error() -> None:
         (JudgmentError, RuntimeError),
         (RulebookError, ValueError),
         (ModelNotConfiguredError, RuntimeError),
-        (DatasetError, ValueError),
-        (DataNotFoundError, FileNotFoundError),
         (CommandError, Exception),
     ],
 )

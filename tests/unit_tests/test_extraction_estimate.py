@@ -21,8 +21,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatResult
 from pydantic import Field
 
-from langchain_tag import cli, usage
-from langchain_tag.evaluation import estimate as eval_estimate
+from langchain_tag import cli
 from langchain_tag.extraction import ExtractionReport, extract_rules
 from langchain_tag.extraction.estimate import (
     ExtractionEstimate,
@@ -236,8 +235,6 @@ def test_prices_and_cached_tokens() -> None:
 
 
 def test_the_token_counter_is_the_one_of_usage() -> None:
-    assert eval_estimate.token_counter is usage.token_counter
-    assert eval_estimate.TokenCounter is usage.TokenCounter
     found = estimate_extraction([GUIDE])
     assert found.token_counter == COUNTER.name
 

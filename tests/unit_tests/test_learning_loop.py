@@ -16,7 +16,6 @@ from langchain_tag import (
     Verdict,
     cli,
 )
-from langchain_tag.baselines import RelevanceJudge
 from langchain_tag.learning.learned_prefilter import LearnedPrefilter
 from langchain_tag.learning.promise import MissBudget
 from langchain_tag.learning.retraining import Retrainer
@@ -83,21 +82,16 @@ async def test_async_judgments_are_logged(log: SQLiteVerdictLog) -> None:
     }
 
 
-def test_the_stages_and_the_baseline_mark_their_verdicts(log: SQLiteVerdictLog) -> None:
+def test_the_cascade_stages_mark_their_verdicts(log: SQLiteVerdictLog) -> None:
     cheap = ApplicabilityJudge(
         llm=RuleAwareFakeChatModel(logprobs=True), logprobs=True, verdict_log=log
     )
     strong = ApplicabilityJudge(llm=RuleAwareFakeChatModel(), verdict_log=log)
     CascadeJudge(cheap=cheap, strong=strong).judge_rules("trigger-000", RULES.rules[:2])
-    RelevanceJudge(llm=RuleAwareFakeChatModel(), verdict_log=log).invoke(
-        ("trigger-000", RULES.rules[0])
-    )
     sources = [r.source for r in log.records()]
     assert sources.count("cascade-cheap") == 2
     assert sources.count("cascade-strong") >= 1  # the cheap YES is escalated
-    assert sources[-1] == "relevance"
     assert cheap.log_source == "judge"  # the caller's judges are not changed
-    # The relevance baseline saw the action: never a training label.
     examples = list(log.examples(RULES))
     assert sorted(e.rule_id for e in examples) == ["R-000", "R-001"]
 
