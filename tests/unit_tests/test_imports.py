@@ -235,9 +235,10 @@ HEAVY = (
 )
 
 
-def _loaded_after(code: str) -> set[str]:
+def _loaded_after(code: str, watched: tuple[str, ...] = HEAVY) -> set[str]:
     probe = (
-        f"import sys\n{code}\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+        f"import sys\n{code}\n"
+        f"print(','.join(m for m in {watched!r} if m in sys.modules))"
     )
     done = subprocess.run(  # noqa: S603 - our own interpreter
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
@@ -263,6 +264,28 @@ def test_importing_the_package_or_the_rules_is_light() -> None:
     assert _loaded_after("import langchain_tag, langchain_tag.rules") <= {
         "langchain_core"  # the rules' Document conversions
     }
+
+
+NOT_OF_THE_LIBRARY = (
+    "langchain_tag_experiments",
+    "langchain_community",
+    "langchain_classic",
+    "langchain_text_splitters",
+)
+"""What the experiments need and the library's faces never load (nor depend on)."""
+
+
+@pytest.mark.parametrize(
+    "face",
+    [
+        "langchain_tag.retrievers",
+        "langchain_tag.middleware",
+        "langchain_tag.query_graph",
+    ],
+)
+def test_the_faces_load_nothing_of_the_experiments(face: str) -> None:
+    # Their closure in modules and lines: benchmarks/bench_imports.py prints it.
+    assert _loaded_after(f"import langchain_tag.{face}", NOT_OF_THE_LIBRARY) == set()
 
 
 def test_runtime_modules_load_no_test_doubles() -> None:
