@@ -44,10 +44,10 @@ from langchain_openai import ChatOpenAI
 from langchain_tag_experiments.data import shared_data_dir
 from langchain_tag_experiments.evaluation.datasets import load_nba
 
-from langchain_tag import ApplicabilityJudge, Rule
+from langchain_tag import Rule
 from langchain_tag.batch import BatchReport, BatchSettings, judge_in_batch
 from langchain_tag.cache import SQLiteVerdictCache
-from langchain_tag.matching import Verdict
+from langchain_tag.matching import ApplicabilityJudge, Verdict
 from langchain_tag.testing import (
     BatchScript,
     FakeBatchServer,

@@ -42,8 +42,9 @@ from typing import Any
 import _common
 from langchain_core.rate_limiters import InMemoryRateLimiter
 
-from langchain_tag import ApplicabilityJudge, TAGRetriever
+from langchain_tag import TAGRetriever
 from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 
 RATE = 500.0
@@ -152,7 +153,8 @@ _CACHE_WORKER = textwrap.dedent(
     import random
     import sqlite3
     import sys
-    from langchain_tag import ApplicabilityJudge, SQLiteVerdictCache
+    from langchain_tag import SQLiteVerdictCache
+    from langchain_tag.matching import ApplicabilityJudge
     from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 
     path, worker, queries, n_rules = sys.argv[1], *map(int, sys.argv[2:5])

@@ -67,8 +67,7 @@ from langchain_core.messages import BaseMessage
 from langchain_openai.decisions import OpenAIClassifier
 from langchain_tag_experiments.evaluation.datasets import load_nba
 
-from langchain_tag import ApplicabilityJudge
-from langchain_tag.matching import DecisionJudge
+from langchain_tag.matching import ApplicabilityJudge, DecisionJudge
 from langchain_tag.testing import FakeOpenAIServer, Refusal, RuleAwareFakeChatModel
 from langchain_tag.testing.decisions import FakeDecisionsServer
 
@@ -80,7 +79,8 @@ WINDOW = 1.0
 CLIENT = """
 import json, sys, time, warnings
 from langchain_openai import ChatOpenAI
-from langchain_tag import ApplicabilityJudge, Rule, TAGRetriever, Rulebook
+from langchain_tag import Rule, TAGRetriever, Rulebook
+from langchain_tag.matching import ApplicabilityJudge
 
 base_url, n, concurrency = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rules = [

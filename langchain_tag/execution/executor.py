@@ -51,8 +51,8 @@ class ActionOnlyExecutor(RunnableSerializable[ExecutionInput, Any]):
     Example:
         ```python
         from langchain_core.runnables import RunnablePassthrough
-        from langchain_tag import ActionOnlyExecutor, TAGRetriever
-        from langchain_tag.execution import NPOV_TEMPLATE
+        from langchain_tag import TAGRetriever
+        from langchain_tag.execution import NPOV_TEMPLATE, ActionOnlyExecutor
 
         retriever = TAGRetriever.from_rulebook("npov.rulebook.json", llm=llm)
         executor = ActionOnlyExecutor(llm=llm, template=NPOV_TEMPLATE)

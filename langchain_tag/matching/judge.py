@@ -460,7 +460,8 @@ class ApplicabilityJudge(ModelJudge):
     Example:
         ```python
         from langchain_openai import ChatOpenAI
-        from langchain_tag import ApplicabilityJudge, Rule
+        from langchain_tag import Rule
+        from langchain_tag.matching import ApplicabilityJudge
 
         judge = ApplicabilityJudge(llm=ChatOpenAI(model="gpt-4o-mini"))
         rule = Rule(

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from langchain_openai import ChatOpenAI
 
-from langchain_tag import ApplicabilityJudge, JudgmentError, TAGRetriever
+from langchain_tag import TAGRetriever
+from langchain_tag.matching import ApplicabilityJudge, JudgmentError
 from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.matching.prompts import read_judge_message
 from langchain_tag.models import FLEX_TIMEOUT, CallRetry, default_chat_model

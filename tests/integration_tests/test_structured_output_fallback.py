@@ -14,7 +14,7 @@ import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_openai import ChatOpenAI
 
-from langchain_tag import ApplicabilityJudge
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.models import CallRetry
 from langchain_tag.testing import FakeOpenAIServer, trigger_rulebook
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from langchain_tag import Verdict, cli
+from langchain_tag import cli
 from langchain_tag.learning.learned_prefilter import FeatureHashing, LearnedPrefilter
 from langchain_tag.learning.verdict_log import (
     MissingVerdictLogError,
@@ -25,6 +25,7 @@ from langchain_tag.learning.verdict_log import (
     VerdictLog,
     open_verdict_log,
 )
+from langchain_tag.matching import Verdict
 from langchain_tag.testing import trigger_rulebook
 from tests.unit_tests.test_verdict_log import run_writers
 

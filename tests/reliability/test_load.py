@@ -15,8 +15,9 @@ from pathlib import Path
 
 from langchain_core.rate_limiters import InMemoryRateLimiter
 
-from langchain_tag import ApplicabilityJudge, TAGRetriever
+from langchain_tag import TAGRetriever
 from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 from tests.reliability.report import ReliabilityReport
 
@@ -86,7 +87,7 @@ _CACHE_WORKER = textwrap.dedent(
     """
     import random
     import sys
-    from langchain_tag import ApplicabilityJudge
+    from langchain_tag.matching import ApplicabilityJudge
     from langchain_tag.cache import SQLiteVerdictCache
     from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 

@@ -21,7 +21,7 @@ import openai
 import pytest
 from langchain_openai import ChatOpenAI
 
-from langchain_tag import ActionOnlyExecutor, ApplicabilityJudge, CascadeJudge, Rule
+from langchain_tag import Rule
 from langchain_tag.batch import (
     BatchFailedError,
     BatchLaneError,
@@ -34,7 +34,8 @@ from langchain_tag.batch import (
 )
 from langchain_tag.batch._jobs import BatchJobs
 from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache
-from langchain_tag.matching import Verdict
+from langchain_tag.execution import ActionOnlyExecutor
+from langchain_tag.matching import ApplicabilityJudge, CascadeJudge, Verdict
 from langchain_tag.matching.prompts import read_judge_message
 from langchain_tag.models import CallRetry
 from langchain_tag.testing import (
@@ -389,7 +390,8 @@ def test_a_batch_refused_at_validation_is_a_clear_error(
 _KILLED_RUN = """
 import os, sys
 from langchain_openai import ChatOpenAI
-from langchain_tag import ApplicabilityJudge, Rule
+from langchain_tag import Rule
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.batch import BatchSettings, judge_in_batch
 from langchain_tag.cache import SQLiteVerdictCache
 

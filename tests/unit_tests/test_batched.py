@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage
 
-from langchain_tag import ApplicabilityJudge, Rule, Rulebook, Verdict
+from langchain_tag import Rule, Rulebook
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     NBA_PROFILE,
+    ApplicabilityJudge,
     RuleSchemaProfile,
     UnreliableMatchWarning,
+    Verdict,
     constraint_profile,
 )
 from langchain_tag.matching.batched import read_batch

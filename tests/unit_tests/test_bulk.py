@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from langchain_openai import ChatOpenAI
 
-from langchain_tag import ApplicabilityJudge, Rulebook
+from langchain_tag import Rulebook
 from langchain_tag.batch import BatchSettings
 from langchain_tag.bulk import (
     BulkInput,
@@ -28,6 +28,7 @@ from langchain_tag.engine import MatchEngine, MatchOptions
 from langchain_tag.execution import ActionOnlyExecutor
 from langchain_tag.learning import LearnedPrefilter
 from langchain_tag.learning.verdict_log import SQLiteVerdictLog
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.models import CallRetry
 from langchain_tag.testing import FakeBatchServer, FakeClock, RuleAwareFakeChatModel
 

@@ -14,15 +14,16 @@ import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.runnables import RunnableConfig
 
-from langchain_tag import (
+from langchain_tag import Rulebook, TAGRetriever
+from langchain_tag.cache import InMemoryVerdictCache
+from langchain_tag.matching import (
     ApplicabilityJudge,
+    CascadeJudge,
+    CascadeStats,
     JudgmentError,
-    Rulebook,
-    TAGRetriever,
+    UnreliableMatchWarning,
     Verdict,
 )
-from langchain_tag.cache import InMemoryVerdictCache
-from langchain_tag.matching import CascadeJudge, CascadeStats, UnreliableMatchWarning
 from langchain_tag.query_graph import QueryContext, build_query_graph
 from langchain_tag.testing import (
     CountingStore,

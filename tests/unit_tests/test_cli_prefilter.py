@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from langchain_tag import Verdict, cli
+from langchain_tag import cli
 from langchain_tag.cli import prefilter as prefilter_cli
 from langchain_tag.cli.errors import number_in, probability
 from langchain_tag.learning.learned_prefilter import LearnedPrefilter
 from langchain_tag.learning.verdict_log import SQLiteVerdictLog
+from langchain_tag.matching import Verdict
 from langchain_tag.testing import trigger_rulebook
 
 RULES = trigger_rulebook(4)

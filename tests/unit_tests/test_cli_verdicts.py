@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from langchain_tag import Verdict, cli
+from langchain_tag import cli
 from langchain_tag.learning.verdict_log import SQLiteVerdictLog
+from langchain_tag.matching import Verdict
 from langchain_tag.models import model_identity
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 

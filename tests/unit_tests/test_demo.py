@@ -13,8 +13,9 @@ import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_openai import ChatOpenAI
 
-from langchain_tag import ApplicabilityJudge, Rulebook, cli, demo, local_model
+from langchain_tag import Rulebook, cli, demo, local_model
 from langchain_tag.cli import demo as cli_demo
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.matching.store import RuleStore
 from langchain_tag.resources import curated_rulebook
 from langchain_tag.testing import (

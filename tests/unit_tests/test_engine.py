@@ -17,7 +17,7 @@ from langchain_core.callbacks import (
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 
-from langchain_tag import ApplicabilityJudge, Rulebook, TAGRetriever, query_graph
+from langchain_tag import Rulebook, TAGRetriever, query_graph
 from langchain_tag.engine import (
     MatchEngine,
     MatchOptions,
@@ -30,7 +30,7 @@ from langchain_tag.learning import (
     LearnedPrefilter,
     SQLiteVerdictLog,
 )
-from langchain_tag.matching import UnreliableMatchWarning
+from langchain_tag.matching import ApplicabilityJudge, UnreliableMatchWarning
 from langchain_tag.matching.prefilters import build_prefilter
 from langchain_tag.models import CallRetry
 from langchain_tag.query_graph import QueryContext, build_query_graph

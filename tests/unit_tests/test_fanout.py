@@ -18,8 +18,8 @@ from langchain_core.runnables.config import ContextThreadPoolExecutor
 from pydantic import ConfigDict, Field, PrivateAttr
 from tenacity import AsyncRetrying
 
-from langchain_tag import ApplicabilityJudge, JudgmentError, Rule, Verdict
-from langchain_tag.matching import _fanout
+from langchain_tag import Rule
+from langchain_tag.matching import ApplicabilityJudge, JudgmentError, Verdict, _fanout
 from langchain_tag.matching.limiter import ConcurrencyLimiter, Slot
 from langchain_tag.matching.prompts import read_judge_message
 from langchain_tag.matching.verdicts import UnreliableMatchWarning

@@ -6,8 +6,7 @@ import json
 
 from langchain_core.messages import AIMessage
 
-from langchain_tag import ApplicabilityJudge
-from langchain_tag.matching import NBA_PROFILE
+from langchain_tag.matching import NBA_PROFILE, ApplicabilityJudge
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 
 

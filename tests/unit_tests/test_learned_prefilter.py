@@ -15,7 +15,7 @@ from sklearn.feature_extraction.text import (  # type: ignore[import-untyped]
 )
 from sklearn.metrics import roc_auc_score  # type: ignore[import-untyped]
 
-from langchain_tag import ApplicabilityJudge, Rule, Rulebook, TAGRetriever
+from langchain_tag import Rule, Rulebook, TAGRetriever
 from langchain_tag.learning.learned_prefilter import (
     FeatureHashing,
     HashedFeatures,
@@ -29,6 +29,7 @@ from langchain_tag.learning.learned_prefilter import (
     _threshold_options,
     _weighted_auc,
 )
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 
 RULES = trigger_rulebook(8)

@@ -7,20 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from langchain_tag import (
-    ApplicabilityJudge,
-    CascadeJudge,
-    Rule,
-    Rulebook,
-    TAGRetriever,
-    Verdict,
-    cli,
-)
+from langchain_tag import Rule, Rulebook, TAGRetriever, cli
 from langchain_tag.learning.learned_prefilter import LearnedPrefilter
 from langchain_tag.learning.promise import MissBudget
 from langchain_tag.learning.retraining import Retrainer
 from langchain_tag.learning.shadow import ShadowJudging
 from langchain_tag.learning.verdict_log import SQLiteVerdictLog, VerdictRecord
+from langchain_tag.matching import ApplicabilityJudge, CascadeJudge, Verdict
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 from langchain_tag.testing.decisions import RuleAwareFakeDecisionModel
 

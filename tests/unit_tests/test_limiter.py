@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 from pydantic import PrivateAttr
 
-from langchain_tag import ApplicabilityJudge, Rule, Rulebook, TAGRetriever
+from langchain_tag import Rule, Rulebook, TAGRetriever
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.matching import limiter as limiter_module
 from langchain_tag.matching.limiter import ConcurrencyLimiter, Slot
 from langchain_tag.testing import FakeClock, RuleAwareFakeChatModel, trigger_rulebook

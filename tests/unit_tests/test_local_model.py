@@ -20,7 +20,7 @@ import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-from langchain_tag import ApplicabilityJudge, Rulebook, local_model
+from langchain_tag import Rulebook, local_model
 from langchain_tag.local_model import (
     InProcessModel,
     LocalModelStoppedError,
@@ -29,6 +29,7 @@ from langchain_tag.local_model import (
     _transformers,
 )
 from langchain_tag.local_model._transformers import Generated
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.testing import RuleAwareFakeChatModel
 from tests.unit_tests.conftest import HANG_GUARD
 

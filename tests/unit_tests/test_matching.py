@@ -21,20 +21,16 @@ from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field, ValidationError
 
-from langchain_tag import (
-    ApplicabilityJudge,
-    JudgmentError,
-    Rule,
-    Rulebook,
-    TAGRetriever,
-    Verdict,
-)
+from langchain_tag import Rule, Rulebook, TAGRetriever
 from langchain_tag.cache import SQLiteVerdictCache
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     NBA_PROFILE,
+    ApplicabilityJudge,
+    JudgmentError,
     RuleSchemaProfile,
     UnreliableMatchWarning,
+    Verdict,
     constraint_profile,
 )
 from langchain_tag.matching.limiter import ConcurrencyLimiter

@@ -20,10 +20,14 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
-from langchain_tag import ApplicabilityJudge, JudgmentError, Rulebook, TAGRetriever
+from langchain_tag import Rulebook, TAGRetriever
 from langchain_tag._delimiters import data_tag
 from langchain_tag.learning import SQLiteVerdictLog
-from langchain_tag.matching import UnreliableMatchWarning
+from langchain_tag.matching import (
+    ApplicabilityJudge,
+    JudgmentError,
+    UnreliableMatchWarning,
+)
 from langchain_tag.middleware import (
     GUIDANCE_INTRO,
     PREVIOUSLY_APPLIED,

@@ -17,11 +17,11 @@ from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, SecretStr, ValidationError
 from tenacity import Retrying
 
-from langchain_tag import ModelNotConfiguredError
 from langchain_tag.models import (
     FLEX_TIMEOUT,
     ONE_ATTEMPT,
     CallRetry,
+    ModelNotConfiguredError,
     StructuredFallback,
     default_chat_model,
     is_capacity_shortage,

@@ -37,12 +37,17 @@ from langgraph.graph import START, StateGraph
 from langgraph.types import Command
 from pydantic import Field
 
-from langchain_tag import ApplicabilityJudge, JudgmentError, Rulebook, query_graph
+from langchain_tag import Rulebook, query_graph
 from langchain_tag._graph import coerce_context
 from langchain_tag.engine import select_applicable
 from langchain_tag.execution import GENERIC_TEMPLATE, prompts
 from langchain_tag.extraction import build_extraction_graph
-from langchain_tag.matching import Verdict, constraint_profile
+from langchain_tag.matching import (
+    ApplicabilityJudge,
+    JudgmentError,
+    Verdict,
+    constraint_profile,
+)
 from langchain_tag.matching.prompts import read_judge_message
 from langchain_tag.middleware import ReviewNeedsCheckpointerError
 from langchain_tag.models import CallRetry, ModelNotConfiguredError

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from langchain_tag import Rule, Rulebook, Verdict
+from langchain_tag import Rule, Rulebook
 from langchain_tag.learning.learned_prefilter import FitReport, LearnedPrefilter
 from langchain_tag.learning.promise import MissBudget, StreamCounts
 from langchain_tag.learning.retraining import Retrainer, RetrainPolicy
 from langchain_tag.learning.verdict_log import SQLiteVerdictLog
+from langchain_tag.matching import Verdict
 from langchain_tag.testing import trigger_rulebook
 
 RULES = trigger_rulebook(4)

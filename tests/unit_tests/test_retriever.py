@@ -15,16 +15,15 @@ from langchain_core.callbacks import BaseCallbackHandler, CallbackManagerForRetr
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 
-from langchain_tag import (
-    ApplicabilityJudge,
-    JudgmentError,
-    ModelNotConfiguredError,
-    Rulebook,
-    TAGRetriever,
-)
+from langchain_tag import Rulebook, TAGRetriever
 from langchain_tag.engine import MATCH_EVENT, rule_passes
 from langchain_tag.learning import SQLiteVerdictLog, VerdictLogWarning
-from langchain_tag.matching import UnreliableMatchWarning
+from langchain_tag.matching import (
+    ApplicabilityJudge,
+    JudgmentError,
+    UnreliableMatchWarning,
+)
+from langchain_tag.models import ModelNotConfiguredError
 from langchain_tag.rules import RulebookError
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 

@@ -13,10 +13,11 @@ from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 
-from langchain_tag import Rule, Rulebook, Verdict
+from langchain_tag import Rule, Rulebook
 from langchain_tag.learning.learned_prefilter import LabelledExample, LearnedPrefilter
 from langchain_tag.learning.shadow import ShadowJudging, estimate_recall, explore_pairs
 from langchain_tag.learning.verdict_log import SQLiteVerdictLog
+from langchain_tag.matching import Verdict
 from langchain_tag.testing import trigger_rulebook
 
 RULES = trigger_rulebook(8)

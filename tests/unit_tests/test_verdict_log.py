@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from langchain_tag import ApplicabilityJudge, Rule, Rulebook, Verdict
+from langchain_tag import Rule, Rulebook
 from langchain_tag._text import digest
 from langchain_tag.cli import verdicts as verdicts_cli
 from langchain_tag.cli.errors import CommandError
@@ -43,6 +43,7 @@ from langchain_tag.learning.verdict_log import (
     VerdictRecord,
     open_verdict_log,
 )
+from langchain_tag.matching import ApplicabilityJudge, Verdict
 from langchain_tag.matching.prompts import PROMPT_VERSION, RATIONALE_VERSION
 from langchain_tag.testing import FakeClock, RuleAwareFakeChatModel, trigger_rulebook
 
@@ -242,7 +243,7 @@ def test_many_threads_lose_nothing(tmp_path: Path) -> None:
 WRITER = textwrap.dedent(
     """
     import sys
-    from langchain_tag import Verdict
+    from langchain_tag.matching import Verdict
     from langchain_tag.learning.verdict_log import open_verdict_log
     from langchain_tag.testing import trigger_rulebook
     location, table, name, inputs = sys.argv[1:]

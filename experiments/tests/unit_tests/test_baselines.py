@@ -31,9 +31,9 @@ from langchain_tag_experiments.baselines import (
     split_into_chunks,
 )
 
-from langchain_tag import ApplicabilityJudge, Rulebook, TAGRetriever
+from langchain_tag import Rulebook, TAGRetriever
 from langchain_tag.learning import SQLiteVerdictLog
-from langchain_tag.matching import RuleSchemaProfile
+from langchain_tag.matching import ApplicabilityJudge, RuleSchemaProfile
 from langchain_tag.matching.profiles import YesNoOutput
 from langchain_tag.matching.prompts import (
     JUDGE_QUESTION,

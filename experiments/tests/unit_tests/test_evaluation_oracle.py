@@ -23,8 +23,13 @@ from langchain_tag_experiments.evaluation.oracle import (
 )
 from langchain_tag_experiments.evaluation.usage import CallCounter
 
-from langchain_tag import ApplicabilityJudge, JudgmentError, Rulebook, TAGRetriever
-from langchain_tag.matching import NBA_PROFILE, UnreliableMatchWarning
+from langchain_tag import Rulebook, TAGRetriever
+from langchain_tag.matching import (
+    NBA_PROFILE,
+    ApplicabilityJudge,
+    JudgmentError,
+    UnreliableMatchWarning,
+)
 from langchain_tag.query_graph import QueryContext, build_query_graph
 from langchain_tag.testing import RuleAwareFakeChatModel
 from langchain_tag.testing.decisions import RuleAwareFakeDecisionModel
