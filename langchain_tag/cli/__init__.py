@@ -147,7 +147,13 @@ def _run(argv: Sequence[str] | None) -> int:
     try:
         with _sigterm_as_interrupt():
             return int(args.handler(args))
-    except (CommandError, ModelNotConfiguredError, RulebookError, ValueError) as error:
+    except (
+        CommandError,
+        ModelNotConfiguredError,
+        RulebookError,
+        ValueError,
+        ImportError,  # an extra not installed: its message names the install
+    ) as error:
         print(f"tag {args.command}: error: {error}", file=sys.stderr)  # noqa: T201
         return 2
     except KeyboardInterrupt as interrupt:

@@ -128,7 +128,7 @@ def chroma_store(docs: list[Document]) -> Any:
 
 
 def test_every_readme_block_runs_in_order(
-    server: FakeDecisionsServer, reader_files: Path
+    server: FakeDecisionsServer, reader_files: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     skip_unless_installed(LOCAL_MODEL_PACKAGES)
     from langchain_tag.local_model import smollm2_model_path  # noqa: PLC0415
@@ -143,5 +143,7 @@ def test_every_readme_block_runs_in_order(
         # A failure's traceback names the block by its line: `README.md:<line>`.
         exec(compile(textwrap.dedent(code), f"README.md:{line}", "exec"), namespace)  # noqa: S102
     assert placeholder_seen, f"README names no {GGUF_PLACEHOLDER}: update this test"
+    # The quickstart prints its match: the fake judge said YES over HTTP.
+    assert "PEP8-IMPORT-WILDCARD" in capsys.readouterr().out
     assert server.request_count > 0  # a decision model judged over HTTP
     assert server.chat_requests  # and chat models did

@@ -88,6 +88,29 @@ def test_broken_pipe_in_a_command_is_its_status_not_a_traceback(
     assert capsys.readouterr().err == ""
 
 
+def test_a_missing_extra_is_one_line_naming_the_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: a traceback (`tag eval` without the `local` extra's MiniLM).
+    def handler(args: argparse.Namespace) -> int:
+        msg = "The offline MiniLM model is not installed. Install it with `pip ...`"
+        raise ImportError(msg)
+
+    monkeypatch.setattr("langchain_tag.cli.verdicts.verdicts_command", handler)
+    assert cli.main(["verdicts", "stats"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tag verdicts: error: The offline MiniLM model is not")
+    assert "Traceback" not in err
+
+
+def test_a_command_of_a_package_not_installed_says_where_it_comes_from(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "_plugins", list)  # no langchain-tag-experiments
+    assert cli.main(["eval", "nba", "--offline"]) == 2
+    assert "comes with langchain-tag-experiments" in capsys.readouterr().err
+
+
 def test_sigterm_ends_a_command_as_an_interrupt_does(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
