@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, cast
+from typing import Annotated, Any, Literal, cast
 
 from langchain.agents.middleware.human_in_the_loop import ActionRequest
 from langchain_core.callbacks import dispatch_custom_event
@@ -50,6 +50,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from langchain_tag._graph import as_documents
 from langchain_tag._graph import coerce_context as _coerce
+from langchain_tag._names import named
 from langchain_tag._review import ask, check_can_pause, read_decisions
 from langchain_tag.engine import (
     MATCH_EVENT,
@@ -59,14 +60,8 @@ from langchain_tag.engine import (
     MatchResult,
 )
 from langchain_tag.errors import TAGError
-from langchain_tag.execution import (
-    CODE_TEMPLATE,
-    GENERIC_TEMPLATE,
-    NBA_TEMPLATE,
-    NPOV_TEMPLATE,
-    ActionOnlyExecutor,
-    ExecutionTemplate,
-)
+from langchain_tag.execution import ActionOnlyExecutor, ExecutionTemplate
+from langchain_tag.execution.templates import TEMPLATES
 from langchain_tag.extraction.graph import (
     ExtractionInput,
     ExtractionSettings,
@@ -75,13 +70,12 @@ from langchain_tag.extraction.graph import (
 from langchain_tag.learning.shadow import check_rate
 from langchain_tag.matching import (
     CONDITION_PROFILE,
-    NBA_PROFILE,
     BaseJudge,
     RuleSchemaProfile,
     Verdict,
 )
 from langchain_tag.matching.judge import VerdictSink
-from langchain_tag.matching.profiles import schema_profile
+from langchain_tag.matching.profiles import PROFILES, schema_profile
 from langchain_tag.models import CallRetry, default_chat_model, with_settings
 from langchain_tag.rule_schemas import RuleSchema, rule_schema
 from langchain_tag.rules import Rule, Rulebook
@@ -101,20 +95,6 @@ __all__ = [
     "build_query_graph",
     "checkpoint_serializer",
 ]
-
-PROFILES: dict[str, RuleSchemaProfile] = {
-    "condition": CONDITION_PROFILE,
-    "nba": NBA_PROFILE,
-}
-"""Rule-schema profiles selectable by name in `QueryContext.profile`."""
-
-TEMPLATES: dict[str, ExecutionTemplate] = {
-    "generic": GENERIC_TEMPLATE,
-    "npov": NPOV_TEMPLATE,
-    "code": CODE_TEMPLATE,
-    "nba": NBA_TEMPLATE,
-}
-"""Executor templates selectable by name in `QueryContext.template`."""
 
 
 @dataclass(frozen=True)
@@ -540,18 +520,6 @@ def _decision_model(name: str) -> BaseDecisionModel:
 
 
 _DEFAULT_RETRY = CallRetry()
-
-_NamedT = TypeVar("_NamedT")
-
-
-def named(value: str | _NamedT, table: Mapping[str, _NamedT], kind: str) -> _NamedT:
-    """`value` itself, or the entry of `table` it names."""
-    if not isinstance(value, str):
-        return value
-    if value not in table:
-        msg = f"Unknown {kind} {value!r}; choose from {sorted(table)}."
-        raise ValueError(msg)
-    return table[value]
 
 
 def _executor(context: QueryContext) -> ActionOnlyExecutor:

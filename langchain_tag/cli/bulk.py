@@ -273,17 +273,18 @@ def _failed(error: BulkRunError) -> str:
 
 
 def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
+    from langchain_tag._names import named  # noqa: PLC0415
     from langchain_tag.bulk import BulkJob  # noqa: PLC0415
     from langchain_tag.cache import open_verdict_cache  # noqa: PLC0415
     from langchain_tag.cli._models import model_from  # noqa: PLC0415
     from langchain_tag.cli.run import decision_options  # noqa: PLC0415
     from langchain_tag.engine import MatchOptions  # noqa: PLC0415
     from langchain_tag.execution import ActionOnlyExecutor  # noqa: PLC0415
+    from langchain_tag.execution.templates import TEMPLATES  # noqa: PLC0415
     from langchain_tag.learning import LearnedPrefilter  # noqa: PLC0415
     from langchain_tag.learning.verdict_log import open_verdict_log  # noqa: PLC0415
-    from langchain_tag.matching.profiles import profile_for  # noqa: PLC0415
+    from langchain_tag.matching.profiles import PROFILES, profile_for  # noqa: PLC0415
     from langchain_tag.models import with_settings  # noqa: PLC0415
-    from langchain_tag.query_graph import PROFILES, TEMPLATES, named  # noqa: PLC0415
     from langchain_tag.settings import MatchSettings  # noqa: PLC0415
 
     decision = decision_options(args)

@@ -464,3 +464,11 @@ NBA_TEMPLATE = ExecutionTemplate(
     output_parser=NBAVerdictOutputParser(),
 )
 """RuleArena NBA legality; parses to `NBAVerdict` (see `NBAVerdict.answer_line`)."""
+
+TEMPLATES: dict[str, ExecutionTemplate] = {
+    "generic": GENERIC_TEMPLATE,
+    "npov": NPOV_TEMPLATE,
+    "code": CODE_TEMPLATE,
+    "nba": NBA_TEMPLATE,
+}
+"""The templates selectable by name (`QueryContext.template`, `tag run --template`)."""

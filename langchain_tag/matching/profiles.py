@@ -252,6 +252,12 @@ def constraint_profile(
 NBA_PROFILE = constraint_profile("nba", prompts.NBA_CRITERIA)
 """The paper's NBA salary-cap matcher, as a constraint profile."""
 
+PROFILES: dict[str, RuleSchemaProfile] = {
+    "condition": CONDITION_PROFILE,
+    "nba": NBA_PROFILE,
+}
+"""The profiles selectable by name (`QueryContext.profile`, `tag run --profile`)."""
+
 
 def schema_profile(schema: RuleSchema) -> RuleSchemaProfile:
     """The profile that judges rules extracted in `schema`.

@@ -166,6 +166,7 @@ LAYERS = [
         "_graph",
         "_review",
         "_loading",
+        "_names",
         "data",
     },
     {"rules", "rule_schemas", "models", "cache", "embeddings", "resources", "usage"},

@@ -41,6 +41,7 @@ from langchain_tag import Rulebook, query_graph
 from langchain_tag._graph import coerce_context
 from langchain_tag.engine import select_applicable
 from langchain_tag.execution import GENERIC_TEMPLATE, prompts
+from langchain_tag.execution.templates import TEMPLATES
 from langchain_tag.extraction import build_extraction_graph
 from langchain_tag.matching import (
     ApplicabilityJudge,
@@ -48,12 +49,11 @@ from langchain_tag.matching import (
     Verdict,
     constraint_profile,
 )
+from langchain_tag.matching.profiles import PROFILES
 from langchain_tag.matching.prompts import read_judge_message
 from langchain_tag.middleware import ReviewNeedsCheckpointerError
 from langchain_tag.models import CallRetry, ModelNotConfiguredError
 from langchain_tag.query_graph import (
-    PROFILES,
-    TEMPLATES,
     QueryContext,
     QueryInput,
     RulebookPathError,
