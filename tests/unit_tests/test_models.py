@@ -226,7 +226,7 @@ def _attempts(
     """Calls the policy makes of a call that always fails with `error`, and waits."""
     clock = FakeClock()
     monkeypatch.setattr(
-        "langchain_tag.models.time",
+        "langchain_tag.models._retry.time",
         SimpleNamespace(monotonic=clock.monotonic, time=clock.time),
     )
     calls = []
@@ -420,7 +420,9 @@ def test_the_providers_retry_after_sets_the_wait(
 def test_retry_after_as_an_http_date(monkeypatch: pytest.MonkeyPatch) -> None:
     # The date counts from models.py's clock, a fake here: no wall-clock margin.
     now = FakeClock(start=1_700_000_000.0)
-    monkeypatch.setattr("langchain_tag.models.time", SimpleNamespace(time=now.time))
+    monkeypatch.setattr(
+        "langchain_tag.models._retry.time", SimpleNamespace(time=now.time)
+    )
     when = email.utils.formatdate(now.time() + 5, usegmt=True)
     assert (
         CallRetry().delay(
