@@ -412,7 +412,7 @@ def fake_time(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> FakeTime:
 
     _backoff_sleeps(monkeypatch, sleep, asleep)
     monkeypatch.setattr(
-        "langchain_tag.models.time",
+        "langchain_tag.models._retry.time",
         SimpleNamespace(monotonic=clock.monotonic, time=clock.time),
     )
     return FakeTime(clock, waits)
