@@ -119,10 +119,20 @@ def reader_objects() -> dict[str, Any]:
 
 
 def chroma_store(docs: list[Document]) -> Any:
-    """An in-memory Chroma holding `docs`, as `from_vectorstore` expects to find."""
+    """An in-memory Chroma holding `docs`, as `from_vectorstore` expects to find.
+
+    Chroma keeps one in-memory client per process, refusing another with other
+    settings: this one has the settings every test's in-memory client has.
+    """
+    import chromadb  # noqa: PLC0415
+    from chromadb.config import Settings  # noqa: PLC0415
     from langchain_chroma import Chroma  # noqa: PLC0415
 
-    store = Chroma(collection_name="readme", embedding_function=HashingFakeEmbeddings())
+    store = Chroma(
+        collection_name="readme",
+        embedding_function=HashingFakeEmbeddings(),
+        client=chromadb.EphemeralClient(settings=Settings(anonymized_telemetry=False)),
+    )
     store.add_documents(docs)
     return store
 
