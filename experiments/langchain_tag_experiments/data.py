@@ -44,6 +44,6 @@ def shared_data_dir(explicit: str | os.PathLike[str] | None = None) -> Path | No
     else:
         candidates = (
             Path.cwd().parent / "shared" / "data",
-            Path(__file__).resolve().parents[2] / "shared" / "data",
+            Path(__file__).resolve().parents[3] / "shared" / "data",
         )
     return next((path for path in candidates if path.is_dir()), None)
