@@ -245,7 +245,7 @@ class QueryContext:
             k=self.k,
             score_threshold=self.score_threshold,
             filter=self.filter,
-            prefilter=prefilter if prefilter is not None or named else self.prefilter,
+            prefilter=prefilter if named else self.prefilter,
             explore=self.explore,
             # The judging tasks' engine has no prefilter when it is named.
             retrain_every=None if named and prefilter is None else self.retrain_every,
@@ -476,16 +476,16 @@ def _planning_engine(
     context: QueryContext,
     retry: CallRetry,
     files: str | os.PathLike[str] | None,
+    rules: list[Rule],
 ) -> MatchEngine:
     """The engine that plans and selects this run (the `plan` and `execute` nodes).
 
     With a prefilter given by name: the engine holding it, built over the run's
-    rules, its file opened as `files` (the graph's `rulebook_dir`) allows. The
+    `rules`, its file opened as `files` (the graph's `rulebook_dir`) allows. The
     judging tasks take `_engine`'s, which leaves it out.
     """
     if not isinstance(context.prefilter, str):
         return _engine(state, context, retry)
-    rules = _rules(state)
     digest = hashlib.sha256()
     for rule in rules:
         digest.update(rule.content_hash().encode())
@@ -992,8 +992,8 @@ def plan(
 ) -> dict[str, Any]:
     """Filter and prefilter the rules (`MatchEngine.plan`): what will be judged."""
     context = _context(default)
-    engine = _planning_engine(state, context, retry, files)
     rules = _rules(state)
+    engine = _planning_engine(state, context, retry, files, rules)
     planned = engine.plan(_query(state), rules, context.options(), config)
     # The cache is read once for the whole plan; the tasks judge only the rest.
     return {"plan": planned, "verdicts": engine.recall(planned)}
@@ -1008,8 +1008,8 @@ async def aplan(
 ) -> dict[str, Any]:
     """Async `plan`: the prefilter runs on the event loop."""
     context = _context(default)
-    engine = _planning_engine(state, context, retry, files)
     rules = _rules(state)
+    engine = _planning_engine(state, context, retry, files, rules)
     options = context.options()
     planned = await engine.aplan(_query(state), rules, options, config)
     return {"plan": planned, "verdicts": await engine.arecall(planned)}
@@ -1129,9 +1129,10 @@ def execute(
     context = _context(default)
     planned = _plan(state)
     verdicts = [Verdict.model_validate(v) for v in state.get("verdicts", [])]
-    engine = _planning_engine(state, context, retry, files)
+    rules = _rules(state)
+    engine = _planning_engine(state, context, retry, files, rules)
     result = engine.result(planned, verdicts, _judged_usage(state))
-    engine.retrain_if_due(_rules(state))
+    engine.retrain_if_due(rules)
     summary = result.summary()
     dispatch_custom_event(MATCH_EVENT, summary, config=config)
     by_id = {rule.rule_id: rule for rule in planned.candidates}

@@ -76,21 +76,6 @@ def _input_tokens(state: str, instructions: Sequence[str]) -> int:
     return _tokens(state) + sum(_tokens(text) for text in instructions)
 
 
-def _json_text(content: object) -> str:
-    return (
-        content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-    )
-
-
-def _noul_text(question: Noul) -> str:
-    """The instructions as `OpenAIClassifier` sends them: criteria appended as text.
-
-    So the fake model, the fake server and the estimates see (and count) the same
-    text (`langchain_tag.usage.sent_instructions`).
-    """
-    return sent_instructions(question)
-
-
 class RuleAwareFakeDecisionModel(BaseDecisionModel):
     """A deterministic decision model answering rule questions from their text.
 
@@ -202,7 +187,9 @@ class RuleAwareFakeDecisionModel(BaseDecisionModel):
                     f"questions only, not {type(question).__name__}"
                 )
                 raise ValueError(msg)  # noqa: TRY004 - as OpenAIClassifier's for Box
-            asked.append((name, _noul_text(question)))
+            # As `OpenAIClassifier` sends it, so the fake model, the fake server
+            # and the estimates count the same text.
+            asked.append((name, sent_instructions(question)))
         number, probabilities = self._answer_request(state, asked)
         answered = dict(zip(questions, probabilities, strict=True))
         refused = [
