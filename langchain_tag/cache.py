@@ -18,53 +18,36 @@ judge = ApplicabilityJudge(llm=llm, cache=cache)
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.stores import BaseStore
 
-from langchain_tag.errors import TAGError
-from langchain_tag.models import without_password
+from langchain_tag._sql import (
+    PostgresConnections,
+    SQLiteConnections,
+    checked_table,
+    sqlite_problem,
+)
+from langchain_tag.errors import StoreLocationError
 
 if TYPE_CHECKING:
     from psycopg import Connection
-    from psycopg_pool import ConnectionPool
 
 __all__ = [
     "InMemoryVerdictCache",
-    "PostgresConnections",
     "PostgresVerdictCache",
-    "SQLiteConnections",
     "SQLiteVerdictCache",
     "StoreLocationError",
     "open_verdict_cache",
 ]
 
-_T = TypeVar("_T")
-
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-
-
-class StoreLocationError(TAGError, ValueError):
-    """A store cannot be opened where it was asked for.
-
-    A path that is a directory or cannot be written, a file that is not a database,
-    a server that cannot be reached, or (read-only) a table that is not there.
-    """
-
-
-def _checked_table(table: str) -> str:
-    """`table` if it is a plain SQL identifier (it is put in statements as is)."""
-    if not table.isidentifier():
-        msg = f"table must be a plain SQL identifier, got {table!r}"
-        raise ValueError(msg)
-    return table
 
 
 class InMemoryVerdictCache(BaseStore[str, str]):
@@ -132,84 +115,6 @@ class InMemoryVerdictCache(BaseStore[str, str]):
         self.mdelete(keys)
 
 
-class SQLiteConnections:
-    """One SQLite connection per thread to one file, in WAL mode with a busy timeout.
-
-    What every SQLite store of the package shares (the verdict cache, the verdict
-    log): WAL lets readers run beside one writer, and the busy timeout makes
-    concurrent writers, in threads or processes, wait for each other instead of
-    failing with "database is locked".
-
-    With `read_only`, the file must exist and is opened `mode=ro`: nothing is
-    created (not the file, nor its directory) and nothing changed (not the journal
-    mode either), and `writing` refuses.
-
-    Args:
-        path: The database file; its directory is created if needed.
-        timeout: Seconds a writer waits for the lock.
-        read_only: Open the existing file for reading only.
-    """
-
-    def __init__(
-        self, path: str | Path, *, timeout: float = 30.0, read_only: bool = False
-    ) -> None:
-        """Remember where the database is; connections open on first use."""
-        self.path = Path(path)
-        if not read_only:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.timeout = timeout
-        self.read_only = read_only
-        self._local = threading.local()
-
-    def get(self) -> sqlite3.Connection:
-        """This thread's connection, opened on first use."""
-        # sqlite3 connections must not cross threads; each thread opens its own.
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            if self.read_only:
-                # A URI, so that `?` or `#` in the file's name is not a parameter.
-                uri = f"{self.path.resolve().as_uri()}?mode=ro"
-                conn = sqlite3.connect(uri, uri=True, timeout=self.timeout)
-            else:
-                conn = sqlite3.connect(self.path, timeout=self.timeout)
-                with contextlib.suppress(sqlite3.OperationalError):
-                    conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
-            self._local.conn = conn
-        return conn
-
-    @contextlib.contextmanager
-    def writing(self) -> Iterator[sqlite3.Connection]:
-        """This thread's connection inside a write transaction, committed on exit.
-
-        `BEGIN IMMEDIATE` takes the write lock first, waiting out other writers
-        with the busy timeout: a deferred transaction would read first, and when a
-        writer commits meanwhile SQLite refuses its upgrade at once ("database is
-        locked"), busy timeout or not.
-
-        Raises:
-            PermissionError: The file was opened `read_only`.
-        """
-        if self.read_only:
-            msg = f"The database {self.path} was opened read-only."
-            raise PermissionError(msg)
-        conn = self.get()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.commit()
-
-    def close(self) -> None:
-        """Close this thread's connection; the next `get` opens a new one."""
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            self._local.conn = None
-            conn.close()
-
-
 class SQLiteVerdictCache(BaseStore[str, str]):
     """A persistent store in one SQLite file, safe for several threads and processes.
 
@@ -228,7 +133,7 @@ class SQLiteVerdictCache(BaseStore[str, str]):
             StoreLocationError: `path` is a directory, cannot be created or
                 written, or is not an SQLite database.
         """
-        self.table = _checked_table(table)
+        self.table = checked_table(table)
         self.timeout = timeout
         try:
             self._connections = SQLiteConnections(path, timeout=timeout)
@@ -240,7 +145,7 @@ class SQLiteVerdictCache(BaseStore[str, str]):
         except (OSError, sqlite3.Error) as error:
             if "locked" in str(error):
                 raise  # a writer held the lock past the timeout: not the path's fault
-            why = _sqlite_problem(Path(path), error)
+            why = sqlite_problem(Path(path), error)
             msg = f"No cache can be kept at {path}: {why}."
             raise StoreLocationError(msg) from error
         self.path = self._connections.path
@@ -303,137 +208,6 @@ class SQLiteVerdictCache(BaseStore[str, str]):
     def close(self) -> None:
         """Close this thread's connection; the next use opens a new one."""
         self._connections.close()
-
-
-def _sqlite_problem(path: Path, error: BaseException) -> str:
-    """Why an SQLite file cannot be kept at `path`, with what to do."""
-    if path.is_dir():
-        return f"it is a directory; name a file in it, e.g. {path / 'verdicts.sqlite'}"
-    existing = next((p for p in path.parents if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        return f"{existing} is not a directory"
-    if isinstance(error, sqlite3.DatabaseError) and "not a database" in str(error):
-        return "the file is not an SQLite database; name another file"
-    reason = error.strerror if isinstance(error, OSError) else str(error)
-    return f"it cannot be written ({reason}); choose another path"
-
-
-def _psycopg(user: str) -> tuple[Any, Any]:
-    """The modules `psycopg` and `psycopg_pool`, or an error naming the extra."""
-    try:
-        import psycopg  # noqa: PLC0415 - the postgres extra
-        import psycopg_pool  # noqa: PLC0415
-    except ImportError as error:
-        msg = (
-            f"{user} needs psycopg: install the `postgres` extra "
-            "(`pip install 'langchain-tag[postgres]'`)."
-        )
-        raise ImportError(msg) from error
-    return psycopg, psycopg_pool
-
-
-class PostgresConnections:
-    """A bounded pool of connections to one PostgreSQL database, shared by threads.
-
-    What the package's PostgreSQL stores share (psycopg 3 and its `ConnectionPool`,
-    the `postgres` extra). A pool rather than a connection per thread: the judge runs
-    each input's judgments in worker threads of their own, so connections kept per
-    thread would be opened anew for every input, up to 64 at once per process,
-    against PostgreSQL's default limit of 100 for all machines together.
-
-    Sessions are autocommit. The pool opens at first use, after one direct
-    connection: a wrong address or password fails there at once with the server's
-    message, where the pool would only retry in the background until its timeout.
-
-    Args:
-        conninfo: A libpq connection string or `postgresql://` URI.
-        max_size: At most this many connections.
-        timeout: Seconds a caller waits for a free connection.
-        read_only: The server refuses any write in the sessions, and `run` refuses
-            `writes` first.
-        user: Who needs psycopg, for the error when it is not installed.
-    """
-
-    def __init__(
-        self,
-        conninfo: str,
-        *,
-        max_size: int = 8,
-        timeout: float = 30.0,
-        read_only: bool = False,
-        user: str = "PostgresConnections",
-    ) -> None:
-        """Remember where the database is; the pool opens on first use."""
-        self._psycopg, self._psycopg_pool = _psycopg(user)
-        if max_size < 1:
-            msg = f"max_size must be at least 1, got {max_size}"
-            raise ValueError(msg)
-        self.conninfo = conninfo
-        self.max_size = max_size
-        self.timeout = timeout
-        self.read_only = read_only
-        self._lock = threading.Lock()
-        self._pool: ConnectionPool[Connection[Any]] | None = None
-
-    @property
-    def location(self) -> str:
-        """The connection string, without a password."""
-        return without_password(self.conninfo)
-
-    def run(self, work: Callable[[Connection[Any]], _T], *, writes: bool = False) -> _T:
-        """`work(connection)` on a connection of the pool.
-
-        A connection the server dropped while it waited in the pool (a restart, an
-        idle timeout) fails at its first statement: then the pool drops its dead
-        connections and `work` runs once more. So `work` must be safe to repeat.
-
-        Raises:
-            PermissionError: `writes`, and the connections are `read_only`.
-            StoreLocationError: The first connection failed.
-        """
-        if writes and self.read_only:
-            msg = f"The database {self.location} was opened read-only."
-            raise PermissionError(msg)
-        pool = self._opened()
-        with pool.connection() as conn:
-            try:
-                return work(conn)
-            except self._psycopg.OperationalError:
-                if not conn.broken:
-                    raise
-        pool.check()
-        with pool.connection() as conn:
-            return work(conn)
-
-    def _opened(self) -> ConnectionPool[Connection[Any]]:
-        with self._lock:
-            if self._pool is None:
-                try:
-                    self._psycopg.connect(self.conninfo).close()
-                except self._psycopg.Error as error:
-                    msg = f"Cannot connect to PostgreSQL at {self.location}: {error}"
-                    raise StoreLocationError(msg) from error
-                self._pool = self._psycopg_pool.ConnectionPool(
-                    self.conninfo,
-                    min_size=1,
-                    max_size=self.max_size,
-                    timeout=self.timeout,
-                    kwargs={"autocommit": True},
-                    configure=self._read_only if self.read_only else None,
-                    open=True,
-                )
-            return self._pool
-
-    @staticmethod
-    def _read_only(conn: Connection[Any]) -> None:
-        conn.execute("SET default_transaction_read_only = on")
-
-    def close(self) -> None:
-        """Close every connection; the next use opens the pool anew."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
 
 
 # Keys compare byte by byte (COLLATE "C"): a prefix is then a range of the primary
@@ -519,7 +293,7 @@ class PostgresVerdictCache(BaseStore[str, str]):
             StoreLocationError: The server cannot be reached, or `read_only` and
                 the table is not there.
         """
-        self.table = _checked_table(table)
+        self.table = checked_table(table)
         self.read_only = read_only
         self._connections = PostgresConnections(
             conninfo,

@@ -6,8 +6,16 @@ Each error keeps the builtin base it always had (`RulebookError` is still a
 
 from __future__ import annotations
 
-__all__ = ["TAGError"]
+__all__ = ["StoreLocationError", "TAGError"]
 
 
 class TAGError(Exception):
     """Base class of the exceptions defined by langchain-tag."""
+
+
+class StoreLocationError(TAGError, ValueError):
+    """A store cannot be opened where it was asked for.
+
+    A path that is a directory or cannot be written, a file that is not a database,
+    a server that cannot be reached, or (read-only) a table that is not there.
+    """

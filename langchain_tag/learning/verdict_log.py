@@ -90,8 +90,8 @@ from typing import IO, Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from langchain_tag._sql import SQLiteConnections
 from langchain_tag._text import digest
-from langchain_tag.cache import SQLiteConnections
 from langchain_tag.errors import TAGError
 from langchain_tag.learning.learned_prefilter import (
     FeatureHashing,

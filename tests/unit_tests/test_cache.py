@@ -23,15 +23,14 @@ import pytest
 from langchain_core.stores import BaseStore
 
 from langchain_tag import cache as cache_module
+from langchain_tag._sql import PostgresConnections, SQLiteConnections
 from langchain_tag.cache import (
     InMemoryVerdictCache,
-    PostgresConnections,
     PostgresVerdictCache,
-    SQLiteConnections,
     SQLiteVerdictCache,
-    StoreLocationError,
     open_verdict_cache,
 )
+from langchain_tag.errors import StoreLocationError
 
 
 def test_in_memory_cache_evicts_least_recently_used() -> None:
