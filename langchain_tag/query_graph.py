@@ -25,6 +25,7 @@ import stat
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -489,14 +490,50 @@ def _planning_engine(
     digest = hashlib.sha256()
     for rule in rules:
         digest.update(rule.content_hash().encode())
+    name = PrefilterName.parse(context.prefilter)
     return context.engine(
         retry,
         _profile(state, context),
         prefilter=functools.partial(
-            PrefilterName.parse(context.prefilter).build, rules, files
+            _built_prefilter, name, rules, files, digest.hexdigest()
         ),
         prefilter_key=digest.hexdigest(),
     )
+
+
+_BUILT_PREFILTERS: OrderedDict[tuple[Any, ...], BaseRetriever] = OrderedDict()
+_BUILT_PREFILTERS_KEPT = 8
+_BUILT_PREFILTERS_LOCK = threading.Lock()
+
+
+def _built_prefilter(
+    name: PrefilterName,
+    rules: list[Rule],
+    files: str | os.PathLike[str] | None,
+    digest: str,
+) -> BaseRetriever:
+    """The prefilter `name` over `rules`, built once for all runs that name it.
+
+    Over a server every run brings its own JSON context, so the context's engines
+    are new each run; kept here, a dense prefilter embeds a rulebook's rules once
+    per process, not once per run (55 rules: one embedding call saved per run).
+    A saved file is read again when it changes (a retrained prefilter).
+    """
+    stamp: tuple[str, int, int] | None = None
+    if name.file is not None:
+        path = _served_path(name.file, files).resolve()
+        found = path.stat()
+        stamp = (str(path), found.st_mtime_ns, found.st_size)
+    key = (name, digest, stamp)
+    with _BUILT_PREFILTERS_LOCK:
+        built = _BUILT_PREFILTERS.get(key)
+        if built is None:
+            built = _BUILT_PREFILTERS[key] = name.build(rules, files)
+            while len(_BUILT_PREFILTERS) > _BUILT_PREFILTERS_KEPT:
+                _BUILT_PREFILTERS.popitem(last=False)
+        else:
+            _BUILT_PREFILTERS.move_to_end(key)
+        return built
 
 
 def _plan(state: QueryState) -> MatchPlan:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import pickle
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from langchain_core.callbacks import (
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 
-from langchain_tag import Rulebook, TAGRetriever, query_graph
+from langchain_tag import Rule, Rulebook, TAGRetriever, query_graph
 from langchain_tag.engine import (
     MatchEngine,
     MatchOptions,
@@ -251,6 +253,45 @@ def test_a_prefilter_named_in_the_graph_context_acts_as_the_object(
     assert calls["object"] == calls["name"]
     judged = sum(r.candidates for r in results["name"])
     assert judged < len(rulebook.rules) * len(INPUTS)  # the name did shortlist
+
+
+@PARITY_WARNINGS
+def test_a_named_prefilter_is_built_once_for_the_runs_that_name_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Over a server each run has a context of its own: the prefilter outlives it.
+    rulebook = tagged_rulebook()
+    fitted_prefilter(rulebook).save(tmp_path / "model.npz")
+    built: list[str] = []
+    build = query_graph.PrefilterName.build
+
+    def counted(
+        self: query_graph.PrefilterName, rules: list[Rule], files: Any
+    ) -> BaseRetriever:
+        built.append(self.kind)
+        return build(self, rules, files)
+
+    monkeypatch.setattr(query_graph.PrefilterName, "build", counted)
+    monkeypatch.setattr(query_graph, "_BUILT_PREFILTERS", OrderedDict())
+    graph = build_query_graph(rulebook_dir=tmp_path)
+    data = rulebook.model_dump(mode="json")
+
+    def run(name: str) -> None:
+        context = QueryContext(
+            judge_model=RuleAwareFakeChatModel(),
+            executor_model=RuleAwareFakeChatModel(),
+            prefilter=name,
+        )
+        graph.invoke({"query": text_for(0), "rulebook": data}, context=context)
+
+    for name in ("bm25:3", "bm25:3", "learned:model.npz", "learned:model.npz"):
+        run(name)
+    assert built == ["bm25", "learned"]
+    retrained = fitted_prefilter(rulebook)
+    retrained.save(tmp_path / "model.npz")
+    os.utime(tmp_path / "model.npz", ns=(1, 1))  # a new file, whatever the clock
+    run("learned:model.npz")
+    assert built == ["bm25", "learned", "learned"]
 
 
 def test_a_prefilter_name_is_checked_before_any_call(tmp_path: Path) -> None:
