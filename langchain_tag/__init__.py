@@ -18,7 +18,7 @@ from importlib import import_module, metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from langchain_tag.errors import TAGError
+    from langchain_tag.errors import RulebookError, TAGError
     from langchain_tag.extraction import (
         aextract_rules,
         build_extraction_graph,
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from langchain_tag.middleware import TAGMiddleware
     from langchain_tag.query_graph import build_query_graph
     from langchain_tag.retrievers import TAGRetriever
-    from langchain_tag.rules import Rule, Rulebook, RulebookError
+    from langchain_tag.rules import Rule, Rulebook
 
 # Loaded on first use: importing everything costs about a second (LangGraph, the
 # OpenAI-compatible judge), which `tag --help` and `import langchain_tag.rules`
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Rule": "langchain_tag.rules",
     "Rulebook": "langchain_tag.rules",
-    "RulebookError": "langchain_tag.rules",
+    "RulebookError": "langchain_tag.errors",
     "TAGError": "langchain_tag.errors",
     "TAGMiddleware": "langchain_tag.middleware",
     "TAGRetriever": "langchain_tag.retrievers",
@@ -49,9 +49,9 @@ _MOVED = {
     "ActionOnlyExecutor": "langchain_tag.execution",
     "ApplicabilityJudge": "langchain_tag.matching",
     "CascadeJudge": "langchain_tag.matching",
-    "JudgmentError": "langchain_tag.matching",
+    "JudgmentError": "langchain_tag.errors",
     "MatchResult": "langchain_tag.engine",
-    "ModelNotConfiguredError": "langchain_tag.models",
+    "ModelNotConfiguredError": "langchain_tag.errors",
     "Verdict": "langchain_tag.matching",
 }
 """Names the top level had in 0.1: still found, with a warning naming their home."""

@@ -30,17 +30,9 @@ from langgraph.constants import CONF, CONFIG_KEY_CHECKPOINTER
 from langgraph.types import interrupt
 from typing_extensions import TypeIs
 
-from langchain_tag.errors import TAGError
+from langchain_tag.errors import ReviewNeedsCheckpointerError
 
 T = TypeVar("T")
-
-
-class ReviewNeedsCheckpointerError(TAGError, ValueError):
-    """A review is asked for on a run without a checkpointer to pause with.
-
-    Raised by `TAGMiddleware(review_band=...)` and by the query graph with
-    `QueryContext(review=True)`, before any model call.
-    """
 
 
 def check_can_pause(config: RunnableConfig, message: str) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from langchain_tag.errors import TAGError
+from langchain_tag.errors import TextEncodingError
 
 _T = TypeVar("_T")
 
@@ -74,11 +74,6 @@ def batches(items: Sequence[_T], size: int) -> Iterator[Sequence[_T]]:
     """Consecutive slices of at most `size` items."""
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-def describe_error(error: BaseException) -> str:
-    """`Type: message`, or the type alone when the message is empty."""
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def strip_thinking(text: str) -> str:
@@ -155,22 +150,6 @@ _WIDE_SHARE = 0.4
 _SAVE_AS_UTF8 = (
     "Only UTF-8 (or UTF-16 with a byte-order mark) is read: save it as UTF-8"
 )
-
-
-class TextEncodingError(TAGError, ValueError):
-    """A user's text is not UTF-8 (or marked UTF-16): `what`, `problem`, `fix`.
-
-    The message is `"{what}: {problem} {fix}"`; callers with their own error type
-    (a rulebook's, a data set's) reuse `problem` and `fix`, so every reader says the
-    same thing.
-    """
-
-    def __init__(self, what: str, problem: str, fix: str) -> None:
-        """Build the error from the file's name, what is wrong and what to do."""
-        self.what = what
-        self.problem = problem
-        self.fix = fix
-        super().__init__(f"{what}: {problem} {fix}")
 
 
 def wide_encoding(raw: bytes) -> str | None:

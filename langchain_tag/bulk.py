@@ -42,16 +42,17 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from tenacity import Retrying
 
-from langchain_tag._text import (
-    TextEncodingError,
-    decode_text,
-    describe_error,
-    digest,
-    json_lines,
-)
+from langchain_tag._text import decode_text, digest, json_lines
 from langchain_tag.engine import MatchEngine, MatchOptions, MatchResult
-from langchain_tag.errors import TAGError
-from langchain_tag.matching.verdicts import JudgmentError, Verdict
+from langchain_tag.errors import (
+    BulkInputError,
+    BulkJobMismatchError,
+    BulkOutputBusyError,
+    BulkPendingError,
+    BulkRunError,
+    TextEncodingError,
+)
+from langchain_tag.matching.verdicts import Verdict
 from langchain_tag.models import ONE_ATTEMPT, CallRetry, model_identity
 from langchain_tag.usage import TokenUsage, UsageCounter
 
@@ -62,16 +63,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BulkInput",
-    "BulkInputError",
     "BulkJob",
-    "BulkJobMismatchError",
-    "BulkOutputBusyError",
-    "BulkPendingError",
     "BulkRecord",
-    "BulkRunError",
     "BulkSummary",
     "Shard",
-    "iter_records",
     "read_inputs",
 ]
 
@@ -81,10 +76,6 @@ Progress = Callable[[int, int], None]
 
 
 # --- inputs ---------------------------------------------------------------------------
-
-
-class BulkInputError(TAGError, ValueError):
-    """An input file a bulk job cannot read; the message names file and line."""
 
 
 class BulkInput(BaseModel):
@@ -304,51 +295,6 @@ def _jsonable(answer: Any) -> Any:
     if isinstance(answer, BaseModel):
         return answer.model_dump(mode="json")
     return answer
-
-
-class BulkJobMismatchError(TAGError, ValueError):
-    """The output file was written by a job with other settings."""
-
-
-class BulkRunError(TAGError, RuntimeError):
-    """An input failed for good: the job stopped, every finished input is kept.
-
-    Attributes:
-        input_id: The input that failed.
-        cause: Its error (a `JudgmentError`, the executor's error, ...).
-    """
-
-    def __init__(self, input_id: str | int, cause: BaseException, done: int) -> None:
-        """Say which input failed, what was kept and how to resume."""
-        self.input_id = input_id
-        self.cause = cause
-        # A JudgmentError's own message advises in the Python API's options; the
-        # caller advises in its own (`tag run`'s), so only the cause is said here.
-        said = (
-            cause.cause if isinstance(cause, JudgmentError) else describe_error(cause)
-        )
-        super().__init__(
-            f"input {input_id!r} failed ({said}); the job stopped with {done} "
-            "input(s) written. Its verdicts so far are cached: run the same command "
-            "again to resume (inputs already written are skipped)."
-        )
-
-
-class BulkOutputBusyError(BulkJobMismatchError):
-    """Another run is writing the same output."""
-
-
-class BulkPendingError(TAGError, RuntimeError):
-    """Batches are still running at `max_wait`: run again later to collect them."""
-
-    def __init__(self, batch_ids: Sequence[str], pending: int) -> None:
-        """Name the running batches."""
-        self.batch_ids = list(batch_ids)
-        super().__init__(
-            f"{pending} request(s) are still in running batches "
-            f"({', '.join(self.batch_ids)}); nothing is lost: run the same command "
-            "again later to collect them (batches finish within 24 hours)."
-        )
 
 
 class _Output:

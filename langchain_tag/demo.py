@@ -35,14 +35,15 @@ from pydantic import BaseModel, Field
 
 from langchain_tag._text import slug
 from langchain_tag.engine import MatchResult
-from langchain_tag.execution import CODE_TEMPLATE, ActionOnlyExecutor
-from langchain_tag.matching import (
-    ApplicabilityJudge,
-    DecisionJudge,
+from langchain_tag.errors import (
+    LocalServerError,
+    ModelNotConfiguredError,
     UnreliableMatchWarning,
 )
+from langchain_tag.execution import CODE_TEMPLATE, ActionOnlyExecutor
+from langchain_tag.matching import ApplicabilityJudge, DecisionJudge
 from langchain_tag.matching.judge import ModelJudge
-from langchain_tag.models import ModelNotConfiguredError, configured_model
+from langchain_tag.models import configured_model
 from langchain_tag.resources import curated_rulebook
 from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.rules import Rulebook
@@ -521,7 +522,6 @@ def _watched(models: DemoModels, doing: str, not_done: str) -> Iterator[None]:
     if models.check is None:
         yield
         return
-    from langchain_tag.local_model import LocalServerError  # noqa: PLC0415
 
     try:
         try:

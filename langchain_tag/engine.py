@@ -53,10 +53,7 @@ __all__ = [
     "MatchPlan",
     "MatchResult",
     "RuleFilter",
-    "check_filter",
-    "check_selection",
     "rule_document",
-    "rule_passes",
     "select_applicable",
 ]
 

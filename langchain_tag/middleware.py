@@ -37,12 +37,7 @@ from langgraph.runtime import Runtime
 from typing_extensions import NotRequired, TypedDict
 
 from langchain_tag._delimiters import data_tag
-from langchain_tag._review import (
-    ReviewNeedsCheckpointerError,
-    ask,
-    check_can_pause,
-    read_decisions,
-)
+from langchain_tag._review import ask, check_can_pause, read_decisions
 from langchain_tag._text import digest
 from langchain_tag.engine import MatchResult, select_applicable
 from langchain_tag.execution.templates import format_actions
@@ -53,8 +48,6 @@ from langchain_tag.settings import JudgeModel
 
 __all__ = [
     "GUIDANCE_INTRO",
-    "PREVIOUSLY_APPLIED",
-    "ReviewNeedsCheckpointerError",
     "TAGAgentState",
     "TAGMatch",
     "TAGMiddleware",

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from langchain.agents.middleware.human_in_the_loop import ActionRequest
 from langchain_core.callbacks import dispatch_custom_event
@@ -60,14 +60,9 @@ from langchain_tag.engine import (
     MatchPlan,
     MatchResult,
 )
-from langchain_tag.errors import TAGError
+from langchain_tag.errors import RulebookPathError
 from langchain_tag.execution import ActionOnlyExecutor, ExecutionTemplate
 from langchain_tag.execution.templates import TEMPLATES
-from langchain_tag.extraction.graph import (
-    ExtractionInput,
-    ExtractionSettings,
-    build_extraction_graph,
-)
 from langchain_tag.learning.shadow import check_rate
 from langchain_tag.matching import (
     CONDITION_PROFILE,
@@ -87,8 +82,15 @@ from langchain_tag.settings import (
 )
 from langchain_tag.usage import TokenUsage, UsageCounter
 
+if TYPE_CHECKING:
+    from langchain_tag.extraction.graph import (
+        ExtractionInput,
+        ExtractionOutput,
+        ExtractionSettings,
+        ExtractionState,
+    )
+
 __all__ = [
-    "STATE_TYPES",
     "Match",
     "QueryContext",
     "QueryInput",
@@ -591,21 +593,9 @@ MAX_RULEBOOK_BYTES = 64 << 20
 """The largest rulebook file a run's input may name (64 MiB; the NBA one is 60 KB)."""
 
 
-class RulebookPathError(TAGError, PermissionError):
-    """A rulebook path in a run's input that this graph does not open.
-
-    One message whatever the path is (missing, outside the allowed folder, not a
-    regular file, too large), so that a client learns nothing of the server's files.
-    """
-
-    def __init__(self) -> None:
-        """The one message."""
-        super().__init__(
-            "The run's input names its rulebook by a file path, and this graph opens "
-            "no such path: pass the rulebook as JSON (Rulebook.model_dump(mode="
-            f"'json')), or name a file inside the folder its operator set in "
-            f"${RULEBOOK_DIR_ENV} (a file of at most {MAX_RULEBOOK_BYTES >> 20} MiB)."
-        )
+def _refused() -> RulebookPathError:
+    """The one refusal of a rulebook path, naming this graph's folder and limit."""
+    return RulebookPathError(folder_env=RULEBOOK_DIR_ENV, max_bytes=MAX_RULEBOOK_BYTES)
 
 
 def _served_path(given: str, allowed: str | os.PathLike[str] | None) -> Path:
@@ -619,14 +609,14 @@ def _served_path(given: str, allowed: str | os.PathLike[str] | None) -> Path:
         target = Path(given)
     else:
         if allowed is None:
-            raise RulebookPathError
+            raise _refused()
         root = Path(allowed).resolve()
         try:
             target = (root / given).resolve(strict=True)
         except (OSError, RuntimeError):
-            raise RulebookPathError from None
+            raise _refused() from None
         if not target.is_relative_to(root):
-            raise RulebookPathError
+            raise _refused()
     try:
         found = target.stat()
     except OSError:
@@ -634,9 +624,9 @@ def _served_path(given: str, allowed: str | os.PathLike[str] | None) -> Path:
     if found is not None and not (
         stat.S_ISREG(found.st_mode) and found.st_size <= MAX_RULEBOOK_BYTES
     ):
-        raise RulebookPathError  # a device, a pipe or a huge file: never read
+        raise _refused()  # a device, a pipe or a huge file: never read
     if found is None and allowed != ANYWHERE:
-        raise RulebookPathError
+        raise _refused()
     return target
 
 
@@ -810,8 +800,23 @@ def after_load(state: QueryState) -> Literal["extract", "plan"]:
     return "extract" if state.get("rules") is None else "plan"
 
 
-def _extraction(state: QueryState) -> tuple[ExtractionInput, ExtractionSettings]:
-    """The extraction graph's input and settings for this run's documents."""
+def _extraction(
+    state: QueryState,
+) -> tuple[
+    CompiledStateGraph[
+        ExtractionState, ExtractionSettings, ExtractionInput, ExtractionOutput
+    ],
+    ExtractionInput,
+    ExtractionSettings,
+]:
+    """The extraction graph, its input and settings for this run's documents."""
+    # Imported here: only a run from documents extracts, and extraction is a third
+    # of the graph's import (12 of its 52 modules, 5,600 of its 18,200 lines).
+    from langchain_tag.extraction.graph import (  # noqa: PLC0415
+        ExtractionSettings,
+        build_extraction_graph,
+    )
+
     context = _context()
     inputs: ExtractionInput = {
         "documents": as_documents(state.get("documents") or []),
@@ -826,7 +831,8 @@ def _extraction(state: QueryState) -> tuple[ExtractionInput, ExtractionSettings]
         ),
         None,
     )
-    return inputs, ExtractionSettings(llm=extractor, rule_schema=context.rule_schema)
+    settings = ExtractionSettings(llm=extractor, rule_schema=context.rule_schema)
+    return build_extraction_graph(), inputs, settings
 
 
 def _extracted(output: dict[str, Any]) -> dict[str, Any]:
@@ -840,8 +846,7 @@ def _extracted(output: dict[str, Any]) -> dict[str, Any]:
 
 def extract(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
     """Run the extraction graph (as a subgraph of this run) over the documents."""
-    inputs, settings = _extraction(state)
-    graph = build_extraction_graph()
+    graph, inputs, settings = _extraction(state)
     return _extracted(graph.invoke(inputs, config, context=settings))
 
 
@@ -851,8 +856,7 @@ async def aextract(state: QueryState, config: RunnableConfig) -> dict[str, Any]:
     Run in a worker thread instead, it would call the checkpointer's sync methods,
     which async-only checkpointers (a LangGraph server's custom one) do not have.
     """
-    inputs, settings = _extraction(state)
-    graph = build_extraction_graph()
+    graph, inputs, settings = _extraction(state)
     return _extracted(await graph.ainvoke(inputs, config, context=settings))
 
 

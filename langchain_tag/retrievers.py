@@ -38,12 +38,13 @@ from langchain_tag.engine import (
     MatchOptions,
     MatchResult,
 )
+from langchain_tag.errors import RulebookError
 from langchain_tag.matching import BaseJudge
 from langchain_tag.matching.profiles import profile_for
 from langchain_tag.rules import Rulebook
 from langchain_tag.settings import JudgeModel, MatchSettings
 
-__all__ = ["TAGRetriever", "reassemble_chunks"]
+__all__ = ["TAGRetriever"]
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +193,6 @@ class TAGRetriever(BaseRetriever, MatchSettings):
         from langchain_tag.extraction import extract_rules  # noqa: PLC0415
         from langchain_tag.extraction.documents import to_documents  # noqa: PLC0415
         from langchain_tag.extraction.run import changed_documents  # noqa: PLC0415
-        from langchain_tag.rules import RulebookError  # noqa: PLC0415
 
         docs = to_documents(documents)  # loaded once: compared, then extracted
         path = None if rulebook_path is None else Path(rulebook_path)

@@ -33,15 +33,14 @@ from pydantic import (
     model_validator,
 )
 
-from langchain_tag._text import TextEncodingError, read_text
-from langchain_tag.errors import TAGError
+from langchain_tag._text import read_text
+from langchain_tag.errors import RuleSchemaError, TextEncodingError
 
 __all__ = [
     "BUILT_IN_SCHEMAS",
     "CONDITION_SCHEMA",
     "NBA_SCHEMA",
     "RuleSchema",
-    "RuleSchemaError",
     "SchemaField",
     "Side",
     "rule_schema",
@@ -75,10 +74,6 @@ _RESERVED = frozenset(
 _RULE_ATTRIBUTES = frozenset(
     {"condition", "applies_when", "constraint", "violation_check", "does_not_apply_to"}
 )
-
-
-class RuleSchemaError(TAGError, ValueError):
-    """A rule schema is invalid: the message names the schema, the field and the fix."""
 
 
 class SchemaField(BaseModel):

@@ -29,8 +29,8 @@ from pydantic import (
     model_validator,
 )
 
-from langchain_tag._text import TextEncodingError, decode_text
-from langchain_tag.errors import TAGError
+from langchain_tag._text import decode_text
+from langchain_tag.errors import RulebookError, TextEncodingError
 from langchain_tag.rule_schemas import BUILT_IN_SCHEMAS, RuleSchema
 
 __all__ = [
@@ -42,7 +42,6 @@ __all__ = [
     "RuleLineage",
     "RuleRelation",
     "Rulebook",
-    "RulebookError",
     "SourceDocument",
     "SourceSpan",
     "rule_text",
@@ -64,30 +63,6 @@ NormativeType = Literal[
 
 PROFILE_FIELDS = ("applies_when", "constraint", "violation_check", "does_not_apply_to")
 """Optional rule fields used by domain rule-schema profiles (e.g. the NBA matcher)."""
-
-
-class RulebookError(TAGError, ValueError):
-    """A rulebook file is missing, unreadable or invalid.
-
-    The message names the file, the offending field when there is one, and what to
-    do about it.
-    """
-
-    def __init__(
-        self, path: str | os.PathLike[str] | None, problem: str, fix: str
-    ) -> None:
-        """Build the error from where, what and how to fix it.
-
-        Args:
-            path: The rulebook file, or None for an in-memory rulebook.
-            problem: What is wrong, naming the field when there is one.
-            fix: What the user should do about it.
-        """
-        self.path = None if path is None else Path(path)
-        self.problem = problem
-        self.fix = fix
-        where = f"Rulebook {str(self.path)!r}" if self.path else "Rulebook"
-        super().__init__(f"{where}: {problem} {fix}")
 
 
 class SourceSpan(BaseModel):

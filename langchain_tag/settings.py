@@ -27,6 +27,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from langchain_tag.cache import InMemoryVerdictCache
 from langchain_tag.engine import MatchEngine, MatchOptions, RuleFilter
+from langchain_tag.errors import ModelNotConfiguredError
 from langchain_tag.learning.shadow import check_rate
 from langchain_tag.matching import ApplicabilityJudge, BaseJudge, VerdictSink
 from langchain_tag.matching.decision import DecisionJudge
@@ -39,8 +40,6 @@ __all__ = [
     "MatchSettings",
     "build_judge",
     "decision_model",
-    "default_judge_model",
-    "refuse_unknown",
 ]
 
 JudgeModel = BaseChatModel | BaseDecisionModel | str
@@ -77,8 +76,6 @@ def decision_model(name: str) -> BaseDecisionModel:
     base_url = os.environ.get("OPENAI_BASE_URL") or None
     key = os.environ.get("OPENAI_API_KEY") or ("not-needed" if base_url else None)
     if key is None:
-        from langchain_tag.models import ModelNotConfiguredError  # noqa: PLC0415
-
         msg = (
             f"The decision model {name!r} needs OPENAI_API_KEY (or OPENAI_BASE_URL "
             "for a compatible server)."

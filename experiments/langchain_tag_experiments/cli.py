@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from langchain_tag.cli import _prices as prices
-from langchain_tag.cli._warnings import failed_judgments
-from langchain_tag.cli.errors import CommandError
+from langchain_tag.cli import prices
+from langchain_tag.cli.failures import failed_judgments
+from langchain_tag.errors import CommandError, ModelNotConfiguredError
 from langchain_tag_experiments.data import DATA_DIR_ENV, shared_data_dir
 
 if TYPE_CHECKING:
@@ -179,10 +179,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _model(name: str | None, role: str, notices: list[str]) -> BaseChatModel | None:
-    from langchain_tag.models import (  # noqa: PLC0415 - loads langchain-core
-        ModelNotConfiguredError,
-        default_chat_model,
-    )
+    from langchain_tag.models import default_chat_model  # noqa: PLC0415 - loads langchain-core
 
     if name:
         return default_chat_model(model=name)

@@ -26,7 +26,12 @@ from importlib.metadata import entry_points
 from types import ModuleType
 
 from langchain_tag.cli import demo, extract, prefilter, run, verdicts
-from langchain_tag.cli.errors import CommandError
+from langchain_tag.errors import (
+    CommandError,
+    ModelNotConfiguredError,
+    RulebookError,
+    Terminated,
+)
 
 COMMANDS_GROUP = "langchain_tag.commands"
 """The entry-point group of commands other distributions add to `tag`."""
@@ -110,14 +115,6 @@ def _stdout_is_a_pipe() -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the command is: it ends as an interrupt does.
-
-    A `KeyboardInterrupt`, so that everything that keeps outputs whole on Ctrl-C
-    (bulk runs, checkpoints, local models) does the same on a `kill`.
-    """
-
-
 TERMINATED_STATUS = 128 + signal.SIGTERM
 
 
@@ -141,8 +138,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    from langchain_tag.models import ModelNotConfiguredError  # noqa: PLC0415
-    from langchain_tag.rules import RulebookError  # noqa: PLC0415
 
     try:
         with _sigterm_as_interrupt():

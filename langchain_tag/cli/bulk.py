@@ -15,11 +15,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from langchain_tag._text import describe_error
-from langchain_tag.cli import _prices as prices
+from langchain_tag.cli import prices
 from langchain_tag.cli._status import StatusLine
 from langchain_tag.cli.errors import (
-    CommandError,
     at_least,
     check_writable,
     model_failed,
@@ -28,6 +26,14 @@ from langchain_tag.cli.errors import (
     probability,
 )
 from langchain_tag.cli.prefilter import target_recall
+from langchain_tag.errors import (
+    BulkPendingError,
+    BulkRunError,
+    CommandError,
+    JudgmentError,
+    advice,
+    describe_error,
+)
 
 PENDING_STATUS = 75
 """Exit status when batches are still running (EX_TEMPFAIL): run again later."""
@@ -36,7 +42,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from langchain_tag.batch import BatchProgress
-    from langchain_tag.bulk import BulkInput, BulkJob, BulkRunError, BulkSummary
+    from langchain_tag.bulk import BulkInput, BulkJob, BulkSummary
     from langchain_tag.rules import Rulebook
 
 
@@ -203,12 +209,7 @@ def _run(
 ) -> int:
     """Run the job, its errors said in one line with this command's options."""
     from langchain_tag.batch import BatchFailedError, BatchLaneError  # noqa: PLC0415
-    from langchain_tag.bulk import BulkPendingError, BulkRunError  # noqa: PLC0415
-    from langchain_tag.matching.verdicts import (  # noqa: PLC0415
-        advice,
-        failure_kind,
-        failure_reason,
-    )
+    from langchain_tag.matching.verdicts import failure_kind, failure_reason  # noqa: PLC0415
 
     progress = _Progress(sys.stderr, todo, already)
     try:
@@ -252,12 +253,7 @@ def _run(
 
 def _failed(error: BulkRunError) -> str:
     """A failed input, said with this command's options."""
-    from langchain_tag.matching.verdicts import (  # noqa: PLC0415
-        JudgmentError,
-        advice,
-        failure_kind,
-        failure_reason,
-    )
+    from langchain_tag.matching.verdicts import failure_kind, failure_reason  # noqa: PLC0415
 
     cause = error.cause
     what = advice(

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from langchain_tag.cli.errors import CommandError, at_least, model_name
+from langchain_tag.cli.errors import at_least, model_name
+from langchain_tag.errors import CommandError, LocalServerError
 
 if TYPE_CHECKING:
     from langchain_tag.extraction.sectioning import Section
@@ -120,7 +121,6 @@ def demo_command(args: argparse.Namespace) -> int:
         pep8_sections,
         run_demo,
     )
-    from langchain_tag.local_model import LocalServerError  # noqa: PLC0415
     from langchain_tag.rules import Rulebook  # noqa: PLC0415
 
     rulebook = Rulebook.load(args.rulebook) if args.rulebook else None

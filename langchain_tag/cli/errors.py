@@ -12,19 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from langchain_tag.errors import TAGError
+from langchain_tag.errors import CommandError, JudgmentError
 
 if TYPE_CHECKING:
     from langchain_tag.rules import Rulebook
 
 
-class CommandError(TAGError):
-    """A problem the user can fix; printed without a traceback."""
-
-
 def model_failed(error: Exception) -> bool:
     """Whether `error` is the model provider failing, after the retries."""
-    from langchain_tag.matching import JudgmentError  # noqa: PLC0415 - loads the judge
     from langchain_tag.models import CallRetry  # noqa: PLC0415 - loads langchain-core
 
     return (

@@ -13,15 +13,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from langchain_tag._text import describe_error
-from langchain_tag.cli import _prices as prices
+from langchain_tag.cli import prices
 from langchain_tag.cli._status import StatusLine
-from langchain_tag.cli.errors import (
+from langchain_tag.cli.errors import at_least, check_writable, model_failed, model_name
+from langchain_tag.errors import (
     CommandError,
-    at_least,
-    check_writable,
-    model_failed,
-    model_name,
+    DocumentError,
+    RuleSchemaError,
+    describe_error,
 )
 
 if TYPE_CHECKING:
@@ -166,10 +165,7 @@ def read_documents(paths: Sequence[str]) -> list[Document]:
 
 
 def _read_document(name: str) -> Document:
-    from langchain_tag.extraction.documents import (  # noqa: PLC0415
-        DocumentError,
-        load_document,
-    )
+    from langchain_tag.extraction.documents import load_document  # noqa: PLC0415
 
     try:
         return load_document(Path(name))
@@ -403,7 +399,7 @@ def _estimate(args: argparse.Namespace, documents: list[Document]) -> int:
 
 def _schema(spec: str) -> RuleSchema:
     """`--schema`: a built-in's name or a JSON Schema file, read before any call."""
-    from langchain_tag.rule_schemas import RuleSchemaError, rule_schema  # noqa: PLC0415
+    from langchain_tag.rule_schemas import rule_schema  # noqa: PLC0415
 
     try:
         return rule_schema(spec)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from langchain_tag.cli.errors import CommandError, check_writable, number_in
+from langchain_tag.cli.errors import check_writable, number_in
 from langchain_tag.cli.verdicts import DEFAULT_LOG, reading
+from langchain_tag.errors import CommandError
 
 target_recall = number_in(0.0, 1.0, low_open=True)
 """An argparse type: a number in (0, 1], what `LearnedPrefilter.target_recall`

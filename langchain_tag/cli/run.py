@@ -12,17 +12,17 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from langchain_tag._text import STANDARD_INPUT, describe_error, read_text
+from langchain_tag._text import STANDARD_INPUT, read_text
 from langchain_tag.cli import bulk
 from langchain_tag.cli._models import model_from
 from langchain_tag.cli.errors import (
-    CommandError,
     at_least,
     model_failed,
     model_name,
     no_rules,
     probability,
 )
+from langchain_tag.errors import CommandError, JudgmentError, advice, describe_error
 
 if TYPE_CHECKING:
     from langchain_tag.usage import TokenUsage
@@ -213,13 +213,8 @@ def run_command(args: argparse.Namespace) -> int:
     text = _read_input(args.input)
     decision = decision_options(args)
     llm = model_from(args)
-    from langchain_tag.cli._warnings import failed_judgments  # noqa: PLC0415
-    from langchain_tag.matching.verdicts import (  # noqa: PLC0415
-        JudgmentError,
-        advice,
-        failure_kind,
-        failure_reason,
-    )
+    from langchain_tag.cli.failures import failed_judgments  # noqa: PLC0415
+    from langchain_tag.matching.verdicts import failure_kind, failure_reason  # noqa: PLC0415
 
     counter = UsageCounter()
     started = time.perf_counter()

@@ -16,8 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from langchain_tag._text import describe_error
-from langchain_tag.cli.errors import CommandError
+from langchain_tag.errors import CommandError, describe_error
 
 if TYPE_CHECKING:
     from langchain_tag.learning.verdict_log import VerdictLog, VerdictLogStats

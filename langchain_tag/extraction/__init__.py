@@ -28,7 +28,6 @@ from langchain_tag.extraction.run import (
     DEFAULT_CHECKPOINT,
     aextract_rules,
     extract_rules,
-    run_id_for,
 )
 
 __all__ = [
@@ -42,5 +41,4 @@ __all__ = [
     "build_extraction_graph",
     "estimate_extraction",
     "extract_rules",
-    "run_id_for",
 ]

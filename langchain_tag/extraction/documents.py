@@ -48,8 +48,12 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from langchain_core.documents import Document
 
-from langchain_tag._text import TextEncodingError, decode_text, describe_error
-from langchain_tag.errors import TAGError
+from langchain_tag._text import decode_text
+from langchain_tag.errors import (
+    DocumentError,
+    TextEncodingError,
+    describe_error,
+)
 from langchain_tag.extraction.sectioning import (
     DocumentFormat,
     Section,
@@ -63,15 +67,8 @@ if TYPE_CHECKING:
     from docx.text.paragraph import Paragraph
 
 __all__ = [
-    "PAGE_SEPARATOR",
-    "SUPPORTED_SUFFIXES",
-    "DocumentError",
     "DocumentLike",
-    "document_sections",
     "load_document",
-    "load_documents",
-    "page_starts_of",
-    "pages_of",
     "to_documents",
 ]
 
@@ -94,23 +91,6 @@ PAGE_SEPARATOR = "\n\n"
 """What joins a PDF's pages: a paragraph break, as a page break is in the text."""
 
 _INSTALL = "pip install 'langchain-tag[documents]'"
-
-
-class DocumentError(TAGError, ValueError):
-    """A file that cannot be loaded as a document: `what`, `problem`, `fix`.
-
-    The message is `"{what}: {problem} {fix}"`: the file, what is wrong with it and
-    what to do. Raised for files that are empty or have no text (a scanned PDF),
-    encrypted, damaged or not what their suffix says, and when the library that
-    reads their format is not installed (the fix names the `documents` extra).
-    """
-
-    def __init__(self, what: str, problem: str, fix: str = "") -> None:
-        """Build the error from the file's name, what is wrong and what to do."""
-        self.what = what
-        self.problem = problem
-        self.fix = fix
-        super().__init__(f"{what}: {problem} {fix}".rstrip())
 
 
 # --- the public functions -------------------------------------------------------------

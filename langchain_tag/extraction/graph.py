@@ -46,12 +46,12 @@ from typing_extensions import NotRequired, TypedDict
 from langchain_tag._graph import as_documents, coerce_context
 from langchain_tag._text import batches, slug
 from langchain_tag.extraction import phases, prompts
+from langchain_tag.extraction._flags import flag_rules
 from langchain_tag.extraction.documents import (
     document_sections,
     page_starts_of,
     pages_of,
 )
-from langchain_tag.extraction.flags import flag_rules
 from langchain_tag.extraction.pairs import (
     DEFAULT_MAX_PAIRS,
     ComparisonPlan,

@@ -45,16 +45,9 @@ from langchain_tag.extraction.phases import MAX_TAGS, DraftRule
 __all__ = [
     "DEFAULT_MAX_PAIRS",
     "ComparisonPlan",
-    "SimilarPair",
-    "comparison_calls_bound",
-    "most_similar_pairs",
-    "one_tag_calls",
-    "pack_pairs",
     "packed_groups_bound",
     "plan_comparisons",
     "shared_tag_pairs",
-    "similarity",
-    "tag_groups",
 ]
 
 DEFAULT_MAX_PAIRS = 5_000

@@ -70,7 +70,7 @@ class ExtractionReport(BaseModel):
     flagged: list[dict[str, str]] = Field(
         default_factory=list,
         description="Rules kept but flagged because their text addresses the model "
-        "(`extraction.flags`): rule_id and what was found.",
+        "(`extraction._flags`): rule_id and what was found.",
     )
 
     @model_validator(mode="before")

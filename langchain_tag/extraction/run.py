@@ -31,7 +31,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 
 from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache
-from langchain_tag.errors import TAGError
+from langchain_tag.errors import CheckpointError
 from langchain_tag.extraction.documents import DocumentLike, to_documents
 from langchain_tag.extraction.graph import (
     DEFAULT_DOMAIN,
@@ -164,10 +164,6 @@ async def _apersistence(
     path = _checkpoint_path(checkpoint)
     async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
         yield saver, SQLiteVerdictCache(path, table=ANSWERS_TABLE)
-
-
-class CheckpointError(TAGError, ValueError):
-    """The checkpoint path cannot hold a checkpoint (a directory, not writable)."""
 
 
 def _checkpoint_path(checkpoint: str | Path) -> Path:

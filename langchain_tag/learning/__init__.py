@@ -35,7 +35,7 @@ train); `shadow` and `retraining` do not.
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from langchain_tag.learning.promise import BudgetPlan, MissBudget, StreamCounts
+from langchain_tag.learning.promise import MissBudget
 from langchain_tag.learning.retraining import Retrainer, RetrainPolicy
 from langchain_tag.learning.shadow import (
     RecallEstimate,
@@ -46,23 +46,15 @@ from langchain_tag.learning.shadow import (
 
 if TYPE_CHECKING:
     from langchain_tag.learning.learned_prefilter import (
-        FORMAT_VERSION,
         FeatureHashing,
         FitReport,
-        HashedFeatures,
         LabelledExample,
         LearnedPrefilter,
-        RuleFit,
-        Screening,
         Selection,
-        SkippedPair,
     )
     from langchain_tag.learning.verdict_log import (
-        DEFAULT_TRAINING_SOURCES,
         PostgresVerdictLog,
         Retention,
-        RuleCounts,
-        SkipRecord,
         SQLiteVerdictLog,
         VerdictLog,
         VerdictLogStats,
@@ -85,12 +77,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "DEFAULT_TRAINING_SOURCES",
-    "FORMAT_VERSION",
-    "BudgetPlan",
     "FeatureHashing",
     "FitReport",
-    "HashedFeatures",
     "LabelledExample",
     "LearnedPrefilter",
     "MissBudget",
@@ -99,15 +87,9 @@ __all__ = [
     "Retention",
     "RetrainPolicy",
     "Retrainer",
-    "RuleCounts",
-    "RuleFit",
     "SQLiteVerdictLog",
-    "Screening",
     "Selection",
     "ShadowJudging",
-    "SkipRecord",
-    "SkippedPair",
-    "StreamCounts",
     "VerdictLog",
     "VerdictLogStats",
     "VerdictLogWarning",

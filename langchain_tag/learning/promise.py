@@ -30,7 +30,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["BudgetPlan", "MissBudget", "StreamCounts"]
+__all__ = ["MissBudget"]
 
 
 class StreamCounts(BaseModel):

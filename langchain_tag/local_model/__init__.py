@@ -21,36 +21,22 @@ Two ways to run it:
   machine's CPU can die with SIGILL on another.
 """
 
+from langchain_tag.errors import LocalModelStoppedError, LocalServerError
 from langchain_tag.local_model._decisions import LocalDecisionModel
-from langchain_tag.local_model._server import LocalOpenAIServer, LocalServerError
+from langchain_tag.local_model._server import LocalOpenAIServer
 from langchain_tag.local_model._smollm2 import (
-    DEFAULT_N_CTX,
-    DEFAULT_THREADS,
-    INSTALL_HINT,
     JSON_RESPONSE_FORMAT,
     QUALITY_NOTE,
-    SERVER_INSTALL_HINT,
-    SMOLLM2_FILE,
-    SMOLLM2_MODEL_NAME,
-    VERDICT_RESPONSE_FORMAT,
     smollm2_model_path,
 )
 from langchain_tag.local_model._transformers import (
     InProcessModel,
-    LocalModelStoppedError,
     TransformersChatModel,
 )
 
 __all__ = [
-    "DEFAULT_N_CTX",
-    "DEFAULT_THREADS",
-    "INSTALL_HINT",
     "JSON_RESPONSE_FORMAT",
     "QUALITY_NOTE",
-    "SERVER_INSTALL_HINT",
-    "SMOLLM2_FILE",
-    "SMOLLM2_MODEL_NAME",
-    "VERDICT_RESPONSE_FORMAT",
     "InProcessModel",
     "LocalDecisionModel",
     "LocalModelStoppedError",

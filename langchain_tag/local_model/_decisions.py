@@ -49,7 +49,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.messages.ai import UsageMetadata
 from pydantic import ConfigDict, Field
 
-from langchain_tag.errors import TAGError
+from langchain_tag.errors import UnsupportedQuestionError
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +57,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DECISION_INSTRUCTIONS",
     "Asked",
-    "Decider",
     "LocalDecisionModel",
     "answer_token_ids",
     "rows_per_batch",
@@ -85,10 +84,6 @@ slower there, the copies of the prefix's keys and values outgrowing the caches:
 24 NBA questions on a 500-token case took 8.1 s at 4 a pass, 9.6 s at 12 and
 14.1 s at 24 with SmolLM2 on 2 cores; this budget gives 4 a pass there and 10
 for the demo's short snippets (4.4 s, the fastest)."""
-
-
-class UnsupportedQuestionError(TAGError, ValueError):
-    """A question type the local decision model does not answer (only `Noul`)."""
 
 
 @runtime_checkable

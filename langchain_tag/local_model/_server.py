@@ -26,7 +26,7 @@ from langchain_openai import ChatOpenAI
 from typing_extensions import Self
 
 from langchain_tag._processes import free_port, stop_process_group
-from langchain_tag.errors import TAGError
+from langchain_tag.errors import LocalServerError
 from langchain_tag.local_model._smollm2 import (
     DEFAULT_N_CTX,
     DEFAULT_THREADS,
@@ -48,18 +48,6 @@ _SERVER_MODULES = (
     "starlette_context",
     "pydantic_settings",
 )
-
-
-class LocalServerError(TAGError, RuntimeError):
-    """The local model server did not start or stopped answering."""
-
-    def __init__(self, message: str, *, returncode: int | None = None) -> None:
-        """Say what happened; `returncode` is the server's exit status, if it died.
-
-        A negative `returncode` is the signal that killed it (-4: SIGILL).
-        """
-        super().__init__(message)
-        self.returncode = returncode
 
 
 def _describe(signal_number: int) -> str:

@@ -26,7 +26,7 @@ from pydantic import ConfigDict, Field
 from typing_extensions import Self
 
 from langchain_tag._loading import quiet_model_loading
-from langchain_tag.errors import TAGError
+from langchain_tag.errors import LocalModelStoppedError
 from langchain_tag.local_model._decisions import (
     CPU_MEMORY_BUDGET,
     DECISION_INSTRUCTIONS,
@@ -50,15 +50,11 @@ from langchain_tag.matching import ApplicabilityJudge
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["InProcessModel", "LocalModelStoppedError", "TransformersChatModel"]
+__all__ = ["InProcessModel", "TransformersChatModel"]
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant"}
 _MAX_CHOICES = 256
 """Most answers an enum-only schema may spell out (the verdict's has two)."""
-
-
-class LocalModelStoppedError(TAGError, RuntimeError):
-    """The in-process model was closed while a call was waiting or generating."""
 
 
 class InProcessModel:

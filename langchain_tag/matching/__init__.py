@@ -22,6 +22,7 @@ One judgment per (input, rule), the rule's action withheld from the judge.
   the pairs it skips are the learning loop: `langchain_tag.learning`.
 """
 
+from langchain_tag.errors import JudgmentError, UnreliableMatchWarning
 from langchain_tag.matching.cascade import CascadeJudge, CascadeStats
 from langchain_tag.matching.decision import DecisionJudge
 from langchain_tag.matching.judge import ApplicabilityJudge, BaseJudge
@@ -33,12 +34,7 @@ from langchain_tag.matching.profiles import (
     profile_for,
     schema_profile,
 )
-from langchain_tag.matching.verdicts import (
-    JudgmentError,
-    UnreliableMatchWarning,
-    Verdict,
-    VerdictSink,
-)
+from langchain_tag.matching.verdicts import Verdict, VerdictSink
 
 __all__ = [
     "CONDITION_PROFILE",

@@ -22,7 +22,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ContextThreadPoolExecutor
 from tenacity import AsyncRetrying, RetryCallState, Retrying
 
-from langchain_tag.errors import TAGError
+from langchain_tag.errors import Abandoned, GaveUp
 from langchain_tag.models import ONE_ATTEMPT, CallRetry, is_rate_limit
 from langchain_tag.usage import active_counter
 
@@ -56,10 +56,6 @@ class _FanOut:
 _FAN_OUT: contextvars.ContextVar[_FanOut | None] = contextvars.ContextVar(
     "tag_fan_out", default=None
 )
-
-
-class Abandoned(TAGError):  # noqa: N818 - never raised to callers
-    """A judgment given up because another one of its fan-out failed for good."""
 
 
 def _give_up_if_abandoned() -> None:
@@ -176,16 +172,6 @@ def retrying(retry: CallRetry | None, kind: type[RetryingT]) -> RetryingT:
         before=_abefore_attempt if kind is AsyncRetrying else _before_attempt,
         before_sleep=_before_sleep,
     )
-
-
-class GaveUp(TAGError):  # noqa: N818 - a state, read by the judges
-    """A call failed for good: `error`, after `attempts` attempt(s)."""
-
-    def __init__(self, error: Exception, attempts: int) -> None:
-        """Record the call's last error and how many attempts it made."""
-        super().__init__(str(error))
-        self.error = error
-        self.attempts = attempts
 
 
 class _FirstAttempt:

@@ -41,11 +41,11 @@ from pydantic import (
     model_validator,
 )
 
+from langchain_tag.errors import JudgmentError
 from langchain_tag.matching.judge import (
     ApplicabilityJudge,
     BaseJudge,
     JudgeInput,
-    JudgmentError,
     Verdict,
 )
 from langchain_tag.models import CallRetry

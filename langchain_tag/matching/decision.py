@@ -43,6 +43,7 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from langchain_tag._text import batches, check_text, digest
+from langchain_tag.errors import FailureKind, GaveUp, JudgmentError
 from langchain_tag.matching import _fanout, prompts
 from langchain_tag.matching._fanout import judgment_config
 from langchain_tag.matching.judge import JudgeInput, ModelJudge, unpack_request
@@ -50,21 +51,10 @@ from langchain_tag.matching.profiles import (
     ApplicableOutput,
     RuleSchemaProfile,
 )
-from langchain_tag.matching.verdicts import (
-    FailureKind,
-    JudgmentError,
-    Verdict,
-)
+from langchain_tag.matching.verdicts import Verdict
 from langchain_tag.rules import Rule
 
-__all__ = [
-    "DecisionJudge",
-    "decision_criteria",
-    "decision_identity",
-    "decision_question",
-    "noul_response",
-    "question_names",
-]
+__all__ = ["DecisionJudge", "noul_response"]
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -362,7 +352,7 @@ class DecisionJudge(ModelJudge):
                     pending.request(text),
                     judgment_config(config, *pending.rules),
                 )
-            except _fanout.GaveUp as failed:  # noqa: PERF203 - a request a turn
+            except GaveUp as failed:  # noqa: PERF203 - a request a turn
                 pending.gave_up(failed)
             else:
                 _fanout.succeeded()
@@ -398,7 +388,7 @@ class DecisionJudge(ModelJudge):
                     pending.request(text),
                     judgment_config(config, *pending.rules),
                 )
-            except _fanout.GaveUp as failed:  # noqa: PERF203 - a request a turn
+            except GaveUp as failed:  # noqa: PERF203 - a request a turn
                 pending.gave_up(failed)
             else:
                 _fanout.succeeded()
@@ -518,7 +508,7 @@ class _Pending:
         half = len(group) // 2
         self.queue[:0] = [group[:half], group[half:]]
 
-    def gave_up(self, failed: _fanout.GaveUp) -> None:
+    def gave_up(self, failed: GaveUp) -> None:
         """A refusal takes its questions out; any other failure fails them all."""
         if isinstance(failed.error, ModelRefusalError):
             _fanout.succeeded()  # the model answered

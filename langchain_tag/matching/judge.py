@@ -31,9 +31,16 @@ from langchain_core.stores import BaseStore
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from typing_extensions import Self
 
-from langchain_tag._text import answer_text, check_text, describe_error, digest
+from langchain_tag._text import answer_text, check_text, digest
 from langchain_tag.cache import InMemoryVerdictCache
-from langchain_tag.matching import _fanout, batched, prompts
+from langchain_tag.errors import (
+    Abandoned,
+    FailureKind,
+    GaveUp,
+    JudgmentError,
+    describe_error,
+)
+from langchain_tag.matching import _batched, _fanout, prompts
 from langchain_tag.matching._fanout import judgment_config
 from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.matching.memory import VerdictMemory
@@ -48,9 +55,6 @@ from langchain_tag.matching.profiles import (
     RuleSchemaProfile,
 )
 from langchain_tag.matching.verdicts import (
-    FailureKind,
-    JudgmentError,
-    UnreliableMatchWarning,
     Verdict,
     VerdictSink,
     failure_kind,
@@ -70,8 +74,6 @@ __all__ = [
     "ApplicabilityJudge",
     "BaseJudge",
     "JudgeInput",
-    "JudgmentError",
-    "UnreliableMatchWarning",
     "Verdict",
     "VerdictSink",
 ]
@@ -421,7 +423,7 @@ class ModelJudge(BaseJudge):
             raise JudgmentError(rule.rule_id, error, kind=kind, reason=reason)
         return Verdict(rule_id=rule.rule_id, applies=False, error=error)
 
-    def given_up(self, rule: Rule, failed: _fanout.GaveUp) -> Verdict:
+    def given_up(self, rule: Rule, failed: GaveUp) -> Verdict:
         """The failed verdict of a call that failed after its retries.
 
         Raises:
@@ -431,7 +433,7 @@ class ModelJudge(BaseJudge):
         """
         return self.failed(rule, *self.why(failed))
 
-    def why(self, failed: _fanout.GaveUp) -> tuple[str, FailureKind, str | None]:
+    def why(self, failed: GaveUp) -> tuple[str, FailureKind, str | None]:
         """What a failed verdict says of a call given up, its kind and reason.
 
         Raises:
@@ -439,7 +441,7 @@ class ModelJudge(BaseJudge):
                 fan-out failed (nothing to say: the fan-out is stopping).
         """
         error = failed.error
-        if isinstance(error, _fanout.Abandoned):
+        if isinstance(error, Abandoned):
             raise error
         return (
             f"{describe_error(error)} (after {failed.attempts} attempt(s))",
@@ -786,7 +788,7 @@ class ApplicabilityJudge(ModelJudge):
                 config,
                 self._schema(batch=False),
             )
-        except _fanout.GaveUp as failed:
+        except GaveUp as failed:
             verdict = self.given_up(rule, failed)
         else:
             verdict = self.read(rule, output)
@@ -810,7 +812,7 @@ class ApplicabilityJudge(ModelJudge):
                 config,
                 self._schema(batch=False),
             )
-        except _fanout.GaveUp as failed:
+        except GaveUp as failed:
             verdict = self.given_up(rule, failed)
         else:
             verdict = self.read(rule, output)
@@ -823,11 +825,11 @@ class ApplicabilityJudge(ModelJudge):
 
     def call_units(self, rules: Sequence[Rule]) -> list[Sequence[Rule]]:
         """`rules_per_call` rules per unit."""
-        return batched.units(rules, self.rules_per_call)
+        return _batched.units(rules, self.rules_per_call)
 
     def batch_messages(self, text: str, rules: Sequence[Rule]) -> list[BaseMessage]:
         """The messages that judge several `rules` against `text` in one call."""
-        return batched.batch_messages(self, text, rules)
+        return _batched.batch_messages(self, text, rules)
 
     def _judge_unit(
         self, text: str, unit: Sequence[Rule], config: RunnableConfig
@@ -836,7 +838,7 @@ class ApplicabilityJudge(ModelJudge):
             return [
                 self._judge((text, unit[0]), None, judgment_config(config, unit[0]))
             ]
-        return batched.judge_unit(self, text, unit, config)
+        return _batched.judge_unit(self, text, unit, config)
 
     async def _ajudge_unit(
         self, text: str, unit: Sequence[Rule], config: RunnableConfig
@@ -847,7 +849,7 @@ class ApplicabilityJudge(ModelJudge):
                     (text, unit[0]), None, judgment_config(config, unit[0])
                 )
             ]
-        return await batched.ajudge_unit(self, text, unit, config)
+        return await _batched.ajudge_unit(self, text, unit, config)
 
 
 def _unreadable(answer: str) -> str:

@@ -46,13 +46,11 @@ __all__ = [
     "BM25Scorer",
     "DenseScorer",
     "HybridScorer",
-    "RuleStoreScorer",
     "SimilarityPrefilter",
     "SimilarityScorer",
     "build_prefilter",
     "rank_by_score",
     "rule_items",
-    "tokenize",
 ]
 
 Item = tuple[str, str]

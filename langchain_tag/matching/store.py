@@ -26,10 +26,8 @@ from langchain_tag._text import batches
 from langchain_tag.rules import Rule, Rulebook, rule_text
 
 __all__ = [
-    "DEFAULT_PERSIST_DIRECTORY",
     "RuleStore",
     "SyncReport",
-    "rule_metadata",
     "sync_documents",
 ]
 

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from langchain_tag.errors import TAGError
+from langchain_tag.errors import (
+    FailureKind,
+    JudgmentError,
+    UnreliableMatchWarning,
+)
 from langchain_tag.models import CallRetry, is_capacity_shortage
 from langchain_tag.rules import Rule
 
 __all__ = [
-    "FailureKind",
-    "JudgmentError",
-    "UnreliableMatchWarning",
     "Verdict",
     "VerdictSink",
-    "advice",
     "failure_kind",
     "warn_failures",
 ]
@@ -62,15 +62,6 @@ class Verdict(BaseModel):
     def relevance(self) -> float:
         """What ranks applicable rules: the score, or 1.0 for an unscored verdict."""
         return 1.0 if self.score is None else self.score
-
-
-FailureKind = Literal["transient", "capacity", "unreadable", "permanent"]
-"""Why a judgment failed, which decides what helps: `transient` (a rate limit, a
-timeout: try again later), `capacity` (the provider was short of capacity, as
-OpenAI's flex tier answers with a 429 "resource unavailable": try again later, or
-on the standard tier), `unreadable` (the judge answered, but no verdict could be
-read from the answer: at temperature 0 asking again gives the same answer, so only
-another model helps), `permanent` (anything else: asking again fails the same way)."""
 
 
 def failure_kind(error: BaseException, retry: CallRetry | None = None) -> FailureKind:
@@ -150,117 +141,6 @@ def _url_of(error: BaseException) -> str | None:
     return None if url is None else str(url)
 
 
-def advice(
-    kind: FailureKind,
-    *,
-    stronger_model: str,
-    retry_hint: str,
-    on_error: str | None = None,
-    reason: str | None = None,
-) -> str:
-    """What to do about a failure of `kind`, in the caller's own options.
-
-    The one wording of the advice: `JudgmentError`'s message (the Python API),
-    `tag run` and `tag eval` each pass their own names for the options.
-
-    Args:
-        kind: The failure's kind (`failure_kind`).
-        stronger_model: What to use against an unreadable answer, after "use"
-            (e.g. "a stronger --model").
-        retry_hint: What to do against a transient failure (e.g. "retry later").
-        on_error: How to go on with such rules flagged as unjudged (e.g. "set
-            on_error='not_applicable'"); None when the caller has no such option.
-        reason: What the transient failure was (`failure_reason`), if known.
-    """
-    if kind == "transient":
-        said = (
-            f"the failure is transient ({reason or 'a rate limit or a timeout'}): "
-            f"{retry_hint}"
-        )
-    elif kind == "capacity":
-        said = (
-            "the provider was short of capacity (a 429 'resource unavailable', as "
-            "OpenAI's flex tier answers; not a rate limit, and not billed): "
-            f"{retry_hint}, or use the standard tier"
-        )
-    elif kind == "unreadable":
-        said = (
-            "the answer could not be read, and at temperature 0 asking again gives "
-            f"the same answer: use {stronger_model}"
-        )
-    else:
-        said = (
-            "the error is not transient, so asking again fails the same way: fix "
-            "its cause"
-        )
-    if on_error is not None:
-        said += f", or {on_error} to go on with such rules flagged as unjudged"
-    return said
-
-
-class JudgmentError(TAGError, RuntimeError):
-    """A judgment failed after its retries under `on_error="raise"`.
-
-    `kind` tells why (`FailureKind`), which decides what helps: `transient` (a
-    rate limit, a timeout) and `capacity` (the provider short of capacity, as the
-    flex tier can be) are worth retrying later, so an outer retry, such as a
-    LangGraph node's, may try again; `unreadable` (the judge's answer gave no
-    verdict) comes again at temperature 0, so only another model helps;
-    `permanent` fails the same way again. The message advises accordingly.
-    """
-
-    def __init__(
-        self,
-        rule_id: str,
-        error: str,
-        *,
-        kind: FailureKind = "permanent",
-        reason: str | None = None,
-    ) -> None:
-        """Record which rule's judgment failed, why, and the kind of failure.
-
-        `reason`: what a transient failure was (`failure_reason`), if known.
-        """
-        self.rule_id = rule_id
-        self.error = error
-        self.kind: FailureKind = kind
-        self.reason = reason
-        what = advice(
-            kind,
-            stronger_model="a stronger model",
-            retry_hint="retry later",
-            on_error="set on_error='not_applicable'",
-            reason=reason,
-        )
-        cause = self.cause
-        super().__init__(
-            f"{cause[:1].upper()}{cause[1:]}. Nothing was assumed about it; {what}."
-        )
-
-    @property
-    def cause(self) -> str:
-        """Which rule's judgment failed and why, without the advice.
-
-        What a command shows in place of the message, whose advice names the
-        Python API's options (`on_error=`).
-        """
-        return f"judging rule {self.rule_id!r} failed: {self.error}"
-
-    @property
-    def transient(self) -> bool:
-        """Whether the failure is worth retrying later (`transient`, `capacity`).
-
-        `models.CallRetry.is_transient` reads it, so that an outer retry may try a
-        transient failure again.
-        """
-        return self.kind in ("transient", "capacity")
-
-    @property
-    def unreadable(self) -> bool:
-        """Whether the judge answered but no verdict could be read from the answer."""
-        return self.kind == "unreadable"
-
-
 @runtime_checkable
 class VerdictSink(Protocol):
     """Where a judge appends each judgment it makes (a `VerdictLog`)."""
@@ -272,23 +152,6 @@ class VerdictSink(Protocol):
         self, text: str, rule: Rule, verdict: Verdict, **fields: Any
     ) -> None:
         """Async `record`."""
-
-
-class UnreliableMatchWarning(UserWarning):
-    """Some judgments failed and were treated as not applicable by policy.
-
-    Besides its message it says which: `rule_ids`, the rules whose judgments
-    failed (every one, in order, a rule once per failed judgment), of `total`
-    judgments made. A warning raised with a message only names none.
-    """
-
-    def __init__(
-        self, message: str, *, rule_ids: Sequence[str] = (), total: int = 0
-    ) -> None:
-        """The warning's `message`, and the failed judgments' rules of `total`."""
-        super().__init__(message)
-        self.rule_ids: tuple[str, ...] = tuple(rule_ids)
-        self.total = total
 
 
 _NAMED = 10

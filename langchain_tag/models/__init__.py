@@ -10,7 +10,6 @@ is only what is used when none is passed. One module per concern: `_environment`
 from langchain_tag.models._environment import (
     FLEX_TIMEOUT,
     ConfiguredModel,
-    ModelNotConfiguredError,
     configured_model,
     default_chat_model,
     environment_configures_model,
@@ -21,13 +20,11 @@ from langchain_tag.models._retry import (
     ONE_ATTEMPT,
     CallRetry,
     is_capacity_shortage,
-    is_quota_exhausted,
     is_rate_limit,
 )
 from langchain_tag.models._structured import (
     STRUCTURED_PARSE_ERRORS,
     StructuredFallback,
-    structured_model,
 )
 
 __all__ = [
@@ -36,17 +33,14 @@ __all__ = [
     "STRUCTURED_PARSE_ERRORS",
     "CallRetry",
     "ConfiguredModel",
-    "ModelNotConfiguredError",
     "StructuredFallback",
     "configured_model",
     "default_chat_model",
     "environment_configures_model",
     "is_capacity_shortage",
-    "is_quota_exhausted",
     "is_rate_limit",
     "model_identity",
     "model_label",
-    "structured_model",
     "with_settings",
     "without_password",
 ]

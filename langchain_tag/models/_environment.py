@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from langchain_core.language_models import BaseChatModel
 
-from langchain_tag.errors import TAGError
+from langchain_tag.errors import ModelNotConfiguredError
 
 if TYPE_CHECKING:
     pass
@@ -26,10 +26,6 @@ SERVICE_TIERS = ("auto", "default", "flex", "priority")
 FLEX_TIMEOUT = 900.0
 """Seconds a flex-tier request may take: OpenAI's advice, 15 minutes (the SDK's
 default is 10)."""
-
-
-class ModelNotConfiguredError(TAGError, RuntimeError):
-    """No chat model was passed and the environment configures none."""
 
 
 def with_settings(

@@ -24,17 +24,9 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.outputs import LLMResult
 
 from langchain_tag import Rule, Rulebook, TAGRetriever
-from langchain_tag.local_model import (
-    JSON_RESPONSE_FORMAT,
-    LocalOpenAIServer,
-    LocalServerError,
-)
-from langchain_tag.matching import (
-    ApplicabilityJudge,
-    JudgmentError,
-    UnreliableMatchWarning,
-    Verdict,
-)
+from langchain_tag.errors import JudgmentError, LocalServerError, UnreliableMatchWarning
+from langchain_tag.local_model import JSON_RESPONSE_FORMAT, LocalOpenAIServer
+from langchain_tag.matching import ApplicabilityJudge, Verdict
 from langchain_tag.models import CallRetry
 from tests.integration_tests.servers import LLAMA_SERVER_PACKAGES, skip_unless_installed
 

@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 
 from langchain_tag import Rulebook, TAGRetriever
+from langchain_tag.errors import LocalModelStoppedError
 from langchain_tag.local_model import (
     JSON_RESPONSE_FORMAT,
-    VERDICT_RESPONSE_FORMAT,
     InProcessModel,
-    LocalModelStoppedError,
     _decisions,
     _transformers,
 )
 from langchain_tag.local_model._decisions import Asked
+from langchain_tag.local_model._smollm2 import VERDICT_RESPONSE_FORMAT
 from langchain_tag.models import with_settings
 from langchain_tag.testing import trigger_rulebook
 from langchain_tag.usage import UsageCounter

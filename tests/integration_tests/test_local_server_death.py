@@ -16,13 +16,9 @@ from pathlib import Path
 import pytest
 
 from langchain_tag import Rulebook, demo
-from langchain_tag.local_model import (
-    SERVER_INSTALL_HINT,
-    LocalOpenAIServer,
-    LocalServerError,
-    _server,
-)
-from langchain_tag.matching import UnreliableMatchWarning
+from langchain_tag.errors import LocalServerError, UnreliableMatchWarning
+from langchain_tag.local_model import LocalOpenAIServer, _server
+from langchain_tag.local_model._smollm2 import SERVER_INSTALL_HINT
 from langchain_tag.models import CallRetry
 from langchain_tag.testing import HashingFakeEmbeddings
 

@@ -19,7 +19,8 @@ import pytest
 from langchain_openai import ChatOpenAI
 
 from langchain_tag import TAGRetriever
-from langchain_tag.matching import ApplicabilityJudge, JudgmentError
+from langchain_tag.errors import JudgmentError
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.matching.limiter import ConcurrencyLimiter
 from langchain_tag.matching.prompts import read_judge_message
 from langchain_tag.models import FLEX_TIMEOUT, CallRetry, default_chat_model

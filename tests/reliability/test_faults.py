@@ -28,14 +28,10 @@ from langchain_core.messages import AIMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from langchain_tag import Rulebook, TAGRetriever, build_query_graph, cli
+from langchain_tag.errors import JudgmentError, UnreliableMatchWarning
 from langchain_tag.extraction import ExtractionReport, extract_rules
 from langchain_tag.extraction.phases import unreadable_problem
-from langchain_tag.matching import (
-    ApplicabilityJudge,
-    JudgmentError,
-    UnreliableMatchWarning,
-    Verdict,
-)
+from langchain_tag.matching import ApplicabilityJudge, Verdict
 from langchain_tag.models import CallRetry
 from langchain_tag.query_graph import QueryContext
 from langchain_tag.testing import (

@@ -20,12 +20,12 @@ from langchain_core.documents import Document
 from langchain_core.messages import HumanMessage
 
 from langchain_tag import Rule, _delimiters
+from langchain_tag.errors import JudgmentError
 from langchain_tag.extraction import ExtractionReport, extract_rules
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     NBA_PROFILE,
     ApplicabilityJudge,
-    JudgmentError,
     RuleSchemaProfile,
 )
 from langchain_tag.matching.parsing import parse_verdict

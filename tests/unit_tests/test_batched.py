@@ -13,16 +13,16 @@ import pytest
 from langchain_core.messages import AIMessage
 
 from langchain_tag import Rule, Rulebook
+from langchain_tag.errors import UnreliableMatchWarning
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     NBA_PROFILE,
     ApplicabilityJudge,
     RuleSchemaProfile,
-    UnreliableMatchWarning,
     Verdict,
     constraint_profile,
 )
-from langchain_tag.matching.batched import read_batch
+from langchain_tag.matching._batched import read_batch
 from langchain_tag.matching.profiles import (
     BatchReasonedYesNoOutput,
     ReasonedYesNoOutput,

@@ -12,19 +12,15 @@ from langchain_openai import ChatOpenAI
 
 from langchain_tag import Rulebook
 from langchain_tag.batch import BatchSettings
-from langchain_tag.bulk import (
-    BulkInput,
+from langchain_tag.bulk import BulkInput, BulkJob, Shard, iter_records, read_inputs
+from langchain_tag.cache import SQLiteVerdictCache
+from langchain_tag.engine import MatchEngine, MatchOptions
+from langchain_tag.errors import (
     BulkInputError,
-    BulkJob,
     BulkJobMismatchError,
     BulkOutputBusyError,
     BulkRunError,
-    Shard,
-    iter_records,
-    read_inputs,
 )
-from langchain_tag.cache import SQLiteVerdictCache
-from langchain_tag.engine import MatchEngine, MatchOptions
 from langchain_tag.execution import ActionOnlyExecutor
 from langchain_tag.learning import LearnedPrefilter
 from langchain_tag.learning.verdict_log import SQLiteVerdictLog

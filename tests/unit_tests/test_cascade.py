@@ -16,12 +16,11 @@ from langchain_core.runnables import RunnableConfig
 
 from langchain_tag import Rulebook, TAGRetriever
 from langchain_tag.cache import InMemoryVerdictCache
+from langchain_tag.errors import JudgmentError, UnreliableMatchWarning
 from langchain_tag.matching import (
     ApplicabilityJudge,
     CascadeJudge,
     CascadeStats,
-    JudgmentError,
-    UnreliableMatchWarning,
     Verdict,
 )
 from langchain_tag.query_graph import QueryContext, build_query_graph

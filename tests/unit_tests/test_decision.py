@@ -22,8 +22,8 @@ from langchain_openai.decisions import OpenAIClassifier
 from langchain_tag import TAGRetriever
 from langchain_tag.cache import InMemoryVerdictCache
 from langchain_tag.engine import MatchEngine, MatchOptions
+from langchain_tag.errors import JudgmentError, UnreliableMatchWarning
 from langchain_tag.learning.verdict_log import open_verdict_log
-from langchain_tag.matching import JudgmentError, UnreliableMatchWarning
 from langchain_tag.matching.decision import (
     DecisionJudge,
     decision_criteria,

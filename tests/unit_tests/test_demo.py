@@ -15,6 +15,7 @@ from langchain_openai import ChatOpenAI
 
 from langchain_tag import Rulebook, cli, demo, local_model
 from langchain_tag.cli import demo as cli_demo
+from langchain_tag.local_model._smollm2 import INSTALL_HINT
 from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.matching.store import RuleStore
 from langchain_tag.resources import curated_rulebook
@@ -262,7 +263,7 @@ def test_demo_without_any_model_names_both_fixes(
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
 
     def not_installed() -> Path:
-        msg = f"SmolLM2 is not installed; `{local_model.INSTALL_HINT}`"
+        msg = f"SmolLM2 is not installed; `{INSTALL_HINT}`"
         raise ImportError(msg)
 
     monkeypatch.setattr(local_model, "smollm2_model_path", not_installed)

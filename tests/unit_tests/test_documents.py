@@ -26,10 +26,10 @@ from langchain_core.documents import Document
 from pypdf._crypt_providers import _fallback as fallback
 
 from langchain_tag import cli
+from langchain_tag.errors import DocumentError
 from langchain_tag.extraction import aextract_rules, documents, extract_rules, prompts
 from langchain_tag.extraction.documents import (
     PAGE_SEPARATOR,
-    DocumentError,
     document_sections,
     load_document,
     load_documents,

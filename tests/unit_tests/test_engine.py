@@ -27,12 +27,13 @@ from langchain_tag.engine import (
     check_filter,
     rule_passes,
 )
+from langchain_tag.errors import RulebookPathError, UnreliableMatchWarning
 from langchain_tag.learning import (
     LabelledExample,
     LearnedPrefilter,
     SQLiteVerdictLog,
 )
-from langchain_tag.matching import ApplicabilityJudge, UnreliableMatchWarning
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.matching.prefilters import build_prefilter
 from langchain_tag.models import CallRetry
 from langchain_tag.query_graph import QueryContext, build_query_graph
@@ -299,7 +300,7 @@ def test_a_prefilter_name_is_checked_before_any_call(tmp_path: Path) -> None:
         QueryContext(prefilter="hybrid:0")
     model = RuleAwareFakeChatModel()
     served = build_query_graph(rulebook_dir=None)
-    with pytest.raises(query_graph.RulebookPathError):
+    with pytest.raises(RulebookPathError):
         served.invoke(
             {
                 "query": text_for(0),

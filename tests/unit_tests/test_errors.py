@@ -10,11 +10,16 @@ import pytest
 
 import langchain_tag
 from langchain_tag import TAGError, cli
-from langchain_tag.cli.errors import CommandError
-from langchain_tag.matching import JudgmentError
-from langchain_tag.matching.verdicts import FailureKind, advice, failure_kind
-from langchain_tag.models import CallRetry, ModelNotConfiguredError
-from langchain_tag.rules import RulebookError
+from langchain_tag.errors import (
+    CommandError,
+    FailureKind,
+    JudgmentError,
+    ModelNotConfiguredError,
+    RulebookError,
+    advice,
+)
+from langchain_tag.matching.verdicts import failure_kind
+from langchain_tag.models import CallRetry
 from langchain_tag.testing import RuleAwareFakeChatModel, TransientFakeError
 
 PACKAGE = Path(langchain_tag.__file__).parent
@@ -52,6 +57,44 @@ def test_every_exception_of_the_package_is_a_tag_error() -> None:
             exceptions.append(cls)
     assert len(exceptions) >= 10  # the walk found them
     assert [c.__qualname__ for c in exceptions if not issubclass(c, TAGError)] == []
+
+
+DEFINED_ELSEWHERE_FOR_NOW = {
+    "langchain_tag.batch._requests.BatchLaneError",
+    "langchain_tag.batch.lane.BatchFailedError",
+    "langchain_tag.learning.verdict_log.MissingVerdictLogError",
+    "langchain_tag.learning.verdict_log.VerdictLogWarning",
+}
+"""Classes of modules being rewritten elsewhere (issue 33): to move into
+`langchain_tag.errors`, then this set emptied."""
+
+
+def _subclasses(cls: type[BaseException]) -> set[type[BaseException]]:
+    found = set(cls.__subclasses__())
+    for sub in list(found):
+        found |= _subclasses(sub)
+    return found
+
+
+def test_every_exception_and_warning_is_defined_in_the_errors_module() -> None:
+    # One place to read what the package raises; any module may import it.
+    for module_name, _ in _defined_classes():
+        importlib.import_module(module_name)
+    defined = {
+        f"{cls.__module__}.{cls.__qualname__}"
+        for base in (TAGError, Warning, KeyboardInterrupt)
+        for cls in _subclasses(base)
+        if cls.__module__.partition(".")[0] == "langchain_tag"
+        and not cls.__module__.startswith("langchain_tag.testing")
+    }
+    assert "langchain_tag.errors.JudgmentError" in defined  # the walk found them
+    elsewhere = sorted(
+        name
+        for name in defined - DEFINED_ELSEWHERE_FOR_NOW
+        if not name.startswith("langchain_tag.errors.")
+    )
+    assert elsewhere == []
+    assert sorted(DEFINED_ELSEWHERE_FOR_NOW - defined) == []  # none moved yet
 
 
 @pytest.mark.parametrize(

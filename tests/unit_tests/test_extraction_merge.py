@@ -19,10 +19,10 @@ from langchain_tag.extraction import (
     ExtractionReport,
     ExtractionSettings,
     extract_rules,
-    run_id_for,
 )
 from langchain_tag.extraction.graph import _merge_duplicates
 from langchain_tag.extraction.phases import DraftRule, RelationRecord
+from langchain_tag.extraction.run import run_id_for
 from langchain_tag.rules import Rulebook
 from langchain_tag.testing import ExtractionFakeChatModel
 

@@ -29,7 +29,6 @@ from langchain_tag.extraction import (
     aextract_rules,
     extract_rules,
     pairs,
-    run_id_for,
 )
 from langchain_tag.extraction.pairs import (
     DEFAULT_MAX_PAIRS,
@@ -44,6 +43,7 @@ from langchain_tag.extraction.pairs import (
     tag_groups,
 )
 from langchain_tag.extraction.phases import DraftRule
+from langchain_tag.extraction.run import run_id_for
 from langchain_tag.retrievers import TAGRetriever
 from langchain_tag.testing import (
     ExtractionFakeChatModel,

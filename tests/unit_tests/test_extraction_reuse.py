@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from langchain_core.documents import Document
 
+from langchain_tag.errors import RulebookError
 from langchain_tag.extraction import (
     ExtractionReport,
     aextract_rules,
@@ -29,7 +30,7 @@ from langchain_tag.extraction import (
 )
 from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.retrievers import TAGRetriever
-from langchain_tag.rules import Rulebook, RulebookError
+from langchain_tag.rules import Rulebook
 from langchain_tag.testing import (
     ExtractionFakeChatModel,
     RuleAwareFakeChatModel,

@@ -17,6 +17,7 @@ import pytest
 from langchain_core.documents import Document
 
 from langchain_tag import cli
+from langchain_tag.errors import RuleSchemaError
 from langchain_tag.extraction import ExtractionReport, extract_rules, prompts
 from langchain_tag.extraction.phases import AtomicRecord, read_rules, rule_messages
 from langchain_tag.matching.profiles import NBA_PROFILE, profile_for, schema_profile
@@ -25,7 +26,6 @@ from langchain_tag.rule_schemas import (
     NBA_SCHEMA,
     SIDE_KEY,
     RuleSchema,
-    RuleSchemaError,
 )
 from langchain_tag.rules import Rulebook
 from langchain_tag.testing import ExtractionFakeChatModel

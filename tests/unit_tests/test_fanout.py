@@ -19,10 +19,10 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from tenacity import AsyncRetrying
 
 from langchain_tag import Rule
-from langchain_tag.matching import ApplicabilityJudge, JudgmentError, Verdict, _fanout
+from langchain_tag.errors import JudgmentError, UnreliableMatchWarning
+from langchain_tag.matching import ApplicabilityJudge, Verdict, _fanout
 from langchain_tag.matching.limiter import ConcurrencyLimiter, Slot
 from langchain_tag.matching.prompts import read_judge_message
-from langchain_tag.matching.verdicts import UnreliableMatchWarning
 from langchain_tag.models import CallRetry
 from langchain_tag.testing import (
     FakeClock,

@@ -6,7 +6,7 @@ import pytest
 from langchain_core.documents import Document
 
 from langchain_tag.extraction import ExtractionReport, extract_rules
-from langchain_tag.extraction.flags import FLAG_KEY, injection_phrase
+from langchain_tag.extraction._flags import FLAG_KEY, injection_phrase
 from langchain_tag.testing import ExtractionFakeChatModel
 
 

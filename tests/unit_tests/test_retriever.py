@@ -17,14 +17,14 @@ from langchain_core.retrievers import BaseRetriever
 
 from langchain_tag import Rulebook, TAGRetriever
 from langchain_tag.engine import MATCH_EVENT, rule_passes
-from langchain_tag.learning import SQLiteVerdictLog, VerdictLogWarning
-from langchain_tag.matching import (
-    ApplicabilityJudge,
+from langchain_tag.errors import (
     JudgmentError,
+    ModelNotConfiguredError,
+    RulebookError,
     UnreliableMatchWarning,
 )
-from langchain_tag.models import ModelNotConfiguredError
-from langchain_tag.rules import RulebookError
+from langchain_tag.learning import SQLiteVerdictLog, VerdictLogWarning
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 
 if TYPE_CHECKING:

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field
 
+from langchain_tag.errors import RuleSchemaError
 from langchain_tag.rule_schemas import (
     BUILT_IN_SCHEMAS,
     CONDITION_SCHEMA,
     NBA_SCHEMA,
     SIDE_KEY,
     RuleSchema,
-    RuleSchemaError,
     rule_schema,
 )
 from langchain_tag.rules import PROFILE_FIELDS, Rule

@@ -16,12 +16,12 @@ import pytest
 from pydantic import ValidationError
 
 from langchain_tag import rules as rules_module
+from langchain_tag.errors import RulebookError
 from langchain_tag.rule_schemas import NBA_SCHEMA
 from langchain_tag.rules import (
     FORMAT_VERSION,
     Rule,
     Rulebook,
-    RulebookError,
     RuleLineage,
     RuleRelation,
     SourceDocument,

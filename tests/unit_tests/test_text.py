@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from langchain_tag._text import TextEncodingError, json_lines, read_text
+from langchain_tag._text import json_lines, read_text
+from langchain_tag.errors import TextEncodingError
 
 TEXT = "Imports go first.\nCafé staff must wash their hands.\n"
 

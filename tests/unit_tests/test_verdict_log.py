@@ -23,7 +23,7 @@ import pytest
 from langchain_tag import Rule, Rulebook
 from langchain_tag._text import digest
 from langchain_tag.cli import verdicts as verdicts_cli
-from langchain_tag.cli.errors import CommandError
+from langchain_tag.errors import CommandError
 from langchain_tag.learning import verdict_log
 from langchain_tag.learning.learned_prefilter import (
     FeatureHashing,

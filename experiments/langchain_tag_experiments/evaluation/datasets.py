@@ -36,8 +36,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from langchain_tag._text import TextEncodingError, read_text
-from langchain_tag.errors import TAGError
+from langchain_tag._text import read_text
+from langchain_tag.errors import TAGError, TextEncodingError
 from langchain_tag.rules import Rule, Rulebook, SourceDocument, SourceSpan
 from langchain_tag_experiments.data import DATA_DIR_ENV, shared_data_dir
 

@@ -42,14 +42,8 @@ from rapidfuzz import fuzz
 from tenacity import AsyncRetrying, Retrying
 
 from langchain_tag._delimiters import data_tag, escape_delimiters
-from langchain_tag._text import (
-    answer_text,
-    check_text,
-    describe_error,
-    json_objects,
-    strip_thinking,
-)
-from langchain_tag.errors import TAGError
+from langchain_tag._text import answer_text, check_text, json_objects, strip_thinking
+from langchain_tag.errors import TAGError, describe_error
 from langchain_tag.models import (
     ONE_ATTEMPT,
     CallRetry,

@@ -37,13 +37,9 @@ from pydantic import (
 from typing_extensions import Self, Unpack
 
 from langchain_tag.embeddings import EmbeddingsSpec
+from langchain_tag.errors import JudgmentError, advice
 from langchain_tag.execution import ActionOnlyExecutor
-from langchain_tag.matching.verdicts import (
-    JudgmentError,
-    advice,
-    failure_kind,
-    failure_reason,
-)
+from langchain_tag.matching.verdicts import failure_kind, failure_reason
 from langchain_tag.rules import Rulebook
 from langchain_tag_experiments.evaluation.embedding_cache import shared_embeddings
 from langchain_tag_experiments.evaluation.methods import (

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from langchain_tag import Rule, Rulebook, cli
-from langchain_tag.matching import ApplicabilityJudge, UnreliableMatchWarning
+from langchain_tag.errors import UnreliableMatchWarning
+from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.testing import RuleAwareFakeChatModel, TransientFakeError
 
 FAKE_EMBEDDINGS = "langchain_tag.testing.embeddings:HashingFakeEmbeddings"

@@ -24,12 +24,8 @@ from langchain_tag_experiments.evaluation.oracle import (
 from langchain_tag_experiments.evaluation.usage import CallCounter
 
 from langchain_tag import Rulebook, TAGRetriever
-from langchain_tag.matching import (
-    NBA_PROFILE,
-    ApplicabilityJudge,
-    JudgmentError,
-    UnreliableMatchWarning,
-)
+from langchain_tag.errors import JudgmentError, UnreliableMatchWarning
+from langchain_tag.matching import NBA_PROFILE, ApplicabilityJudge
 from langchain_tag.query_graph import QueryContext, build_query_graph
 from langchain_tag.testing import RuleAwareFakeChatModel
 from langchain_tag.testing.decisions import RuleAwareFakeDecisionModel

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from langchain_tag.rules import Rule
 
-__all__ = ["FLAG_KEY", "flag_rules", "injection_phrase"]
+__all__ = ["flag_rules"]
 
 FLAG_KEY = "flagged"
 """The rule metadata key that says what made a rule suspect."""

@@ -1,4 +1,4 @@
-"""`cli._warnings`: one line for a run's failed judgments, not a warning per rule."""
+"""`cli.failures`: one line for a run's failed judgments, not a warning per rule."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from langchain_tag import Rulebook, cli
-from langchain_tag.cli._warnings import SHOWN, FailedJudgments, failed_judgments
-from langchain_tag.matching import UnreliableMatchWarning, Verdict
+from langchain_tag.cli.failures import SHOWN, FailedJudgments, failed_judgments
+from langchain_tag.errors import UnreliableMatchWarning
+from langchain_tag.matching import Verdict
 from langchain_tag.matching.verdicts import warn_failures
 from langchain_tag.testing import RuleAwareFakeChatModel
 

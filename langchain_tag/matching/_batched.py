@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from langchain_tag._text import batches, check_text
+from langchain_tag.errors import GaveUp
 from langchain_tag.matching import prompts
 from langchain_tag.matching._fanout import (
-    GaveUp,
     acall,
     call,
     judgment_config,
@@ -35,11 +35,9 @@ if TYPE_CHECKING:
     from langchain_tag.rules import Rule
 
 __all__ = [
-    "BatchingJudge",
     "ajudge_unit",
     "batch_messages",
     "judge_unit",
-    "read_batch",
     "units",
 ]
 

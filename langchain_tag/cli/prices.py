@@ -1,14 +1,19 @@
-"""The price options of `--estimate` (`tag eval`, `tag run --inputs`), in one place."""
+"""The price options of `--estimate` (`tag eval`, `tag run --inputs`), in one place.
+
+Public: the experiments' `tag eval` adds and reads the same options.
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING
 
-from langchain_tag.cli.errors import CommandError
+from langchain_tag.errors import CommandError
 
 if TYPE_CHECKING:
     from langchain_tag.usage import PromptCaching, TokenPrices
+
+__all__ = ["add_arguments", "check", "from_args"]
 
 
 def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

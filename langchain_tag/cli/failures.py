@@ -15,10 +15,9 @@ import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
-if TYPE_CHECKING:
-    from langchain_tag.matching import UnreliableMatchWarning
+from langchain_tag.errors import UnreliableMatchWarning
 
 __all__ = ["FailedJudgments", "failed_judgments"]
 
@@ -84,9 +83,6 @@ def failed_judgments(
     Yields:
         The failed judgments counted so far.
     """
-    # Imported here: `tag --help` loads no judge.
-    from langchain_tag.matching import UnreliableMatchWarning  # noqa: PLC0415
-
     failed = FailedJudgments()
     with warnings.catch_warnings():
         shown = warnings.showwarning
