@@ -6,7 +6,12 @@ Each error keeps the builtin base it always had (`RulebookError` is still a
 
 from __future__ import annotations
 
-__all__ = ["StoreLocationError", "TAGError"]
+__all__ = [
+    "MissingVerdictLogError",
+    "StoreLocationError",
+    "TAGError",
+    "VerdictLogWarning",
+]
 
 
 class TAGError(Exception):
@@ -19,3 +24,11 @@ class StoreLocationError(TAGError, ValueError):
     A path that is a directory or cannot be written, a file that is not a database,
     a server that cannot be reached, or (read-only) a table that is not there.
     """
+
+
+class MissingVerdictLogError(TAGError, LookupError):
+    """A log opened read-only is not there: no such file, or not the log's tables."""
+
+
+class VerdictLogWarning(UserWarning):
+    """The verdict log could not be written; its records are kept in memory."""
