@@ -11,6 +11,7 @@ stores and worker threads use it, and one place turns a bad location into a
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -157,10 +158,24 @@ class _SharedPool:
         self.holders = 0
 
 
-# One pool per (connection string, read-only), shared by every store of the process
-# on that database: a verdict cache and a verdict log of one judge hold one pool.
-_POOLS: dict[tuple[str, bool], _SharedPool] = {}
-_POOLS_LOCK = threading.Lock()
+class _Pools:
+    """One pool per (connection string, read-only), for every store of the process.
+
+    A verdict cache and a verdict log of one judge hold one pool.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every pool: a forked child has none of their threads."""
+        self.lock = threading.Lock()
+        self.by_key: dict[tuple[str, bool], _SharedPool] = {}
+
+
+_POOLS = _Pools()
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_POOLS.reset)
 
 
 class PostgresConnections:
@@ -169,15 +184,16 @@ class PostgresConnections:
     What the package's PostgreSQL stores share (psycopg 3 and its `ConnectionPool`,
     the `postgres` extra). A pool rather than a connection per thread: the judge runs
     each input's judgments in worker threads of their own, so connections kept per
-    thread were opened anew for every input (80 sessions for 10 retrievals with a
-    verdict log, `benchmarks/bench_sessions.py`), up to 64 at once per process,
-    against PostgreSQL's default limit of 100 for all machines together.
+    thread were opened anew for every input (78 to 79 sessions for 10 retrievals
+    with a verdict log, 8 to 9 with the pool: `benchmarks/bench_sessions.py`), up to
+    64 at once per process, against PostgreSQL's default limit of 100 for all
+    machines together.
 
     Every `PostgresConnections` of the process with the same connection string
     (as written) and `read_only` uses one pool, opened by the first to use it and
     closed when the last one holding it closes; it is as large as the largest
-    `max_size` asked for. So a verdict cache and a verdict log on one database open
-    at most that many sessions together.
+    `max_size` asked for. So a verdict cache and a verdict log on one database
+    have at most that many sessions open together.
 
     Sessions are autocommit. The pool opens at first use, after one direct
     connection: a wrong address or password fails there at once with the server's
@@ -253,11 +269,11 @@ class PostgresConnections:
     def _hold(self) -> tuple[_SharedPool, ConnectionPool[Connection[Any]]]:
         """The shared pool, opened or grown as needed, with this as one more holder."""
         key = self._key
-        with _POOLS_LOCK:
-            shared = _POOLS.setdefault(key, _SharedPool())
+        with _POOLS.lock:
+            shared = _POOLS.by_key.setdefault(key, _SharedPool())
             shared.holders += 1
         try:
-            # Not under `_POOLS_LOCK`: a server slow to answer delays only its users.
+            # Not under `_POOLS.lock`: a server slow to answer delays only its users.
             with shared.lock:
                 if shared.pool is None:
                     shared.pool = self._open_pool()
@@ -295,12 +311,12 @@ class PostgresConnections:
     @staticmethod
     def _release(key: tuple[str, bool], shared: _SharedPool) -> None:
         """One holder less; the last one closes the pool."""
-        with _POOLS_LOCK:
+        with _POOLS.lock:
             shared.holders -= 1
             if shared.holders:
                 return
-            if _POOLS.get(key) is shared:
-                del _POOLS[key]
+            if _POOLS.by_key.get(key) is shared:
+                del _POOLS.by_key[key]
             pool, shared.pool = shared.pool, None
         if pool is not None:
             pool.close()

@@ -50,7 +50,7 @@ class VerdictLog(abc.ABC):
 
     Args:
         store_text: Keep the inputs' text; False keeps only their hashed features
-            (see the module docs for the trade-off).
+            (see `verdict_log` for the trade-off).
         hashing: How inputs are hashed when no text is kept; the learner trained
             on this log must use the same.
         retention: How much to keep.
@@ -66,7 +66,7 @@ class VerdictLog(abc.ABC):
     # Whether `_insert_at_once` can try a write without waiting on the store.
     _writes_at_once = False
     read_only = False
-    """Whether the log was opened only to be read (see the module docs)."""
+    """Whether the log was opened only to be read (see `verdict_log`)."""
 
     def __init__(
         self,

@@ -107,7 +107,7 @@ class VerdictRecord(_PairRecord):
 class SkipRecord(_PairRecord):
     """A pair a learned prefilter skipped: a record without a verdict.
 
-    Kept apart from the verdicts (see the module docs): no reader of verdicts sees
+    Kept apart from the verdicts (see `verdict_log`): no reader of verdicts sees
     it. A skipped pair that was explored has a verdict too (with its `explore`).
     """
 

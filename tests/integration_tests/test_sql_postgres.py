@@ -88,7 +88,7 @@ def test_ten_retrievals_with_a_cache_and_a_log_open_one_pool_of_sessions(
 ) -> None:
     """Before, the log opened a session per worker thread.
 
-    91 sessions in all with the cache, 16 at once (`benchmarks/bench_sessions.py`).
+    88 to 91 sessions with the cache, 13 to 16 at once (`benchmarks/bench_sessions.py`).
     """
     max_size = 4
     rules = trigger_rulebook(8)

@@ -211,7 +211,7 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[RecordingPool]]:
 
     monkeypatch.setattr(PostgresConnections, "_open_pool", open_pool)
     yield opened
-    assert _sql._POOLS == {}
+    assert _sql._POOLS.by_key == {}
 
 
 def _select(connections: PostgresConnections) -> None:
@@ -256,7 +256,7 @@ def test_a_pool_that_cannot_open_is_not_held(
         patched.setattr(PostgresConnections, "_open_pool", unreachable)
         with pytest.raises(StoreLocationError, match="refused"):
             _select(PostgresConnections("postgresql://db/tag"))
-        assert _sql._POOLS == {}
+        assert _sql._POOLS.by_key == {}
     connections = PostgresConnections("postgresql://db/tag")
     _select(connections)  # once the server answers, the pool opens
     assert len(pools) == 1
@@ -283,3 +283,16 @@ def test_threads_opening_stores_at_once_open_one_pool(
     for connections in stores:
         connections.close()
     assert pools[0].closed
+
+
+def test_a_forked_child_opens_pools_of_its_own(pools: list[RecordingPool]) -> None:
+    parent = PostgresConnections("postgresql://db/tag")
+    _select(parent)
+    _sql._POOLS.reset()  # what `os.register_at_fork` runs in a child
+    child = PostgresConnections("postgresql://db/tag")
+    _select(child)  # not the parent's pool, whose threads the child has not
+    assert len(pools) == 2
+    parent.close()  # the parent's holder lets go of its own pool only
+    assert [pool.closed for pool in pools] == [True, False]
+    child.close()
+    assert pools[1].closed
