@@ -11,6 +11,7 @@ stores and worker threads use it, and one place turns a bad location into a
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -148,14 +149,51 @@ def psycopg_modules(user: str) -> tuple[Any, Any]:
     return psycopg, psycopg_pool
 
 
+class _SharedPool:
+    """A pool, and how many `PostgresConnections` hold it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # held while the pool opens or grows
+        self.pool: ConnectionPool[Connection[Any]] | None = None
+        self.holders = 0
+
+
+class _Pools:
+    """One pool per (connection string, read-only), for every store of the process.
+
+    A verdict cache and a verdict log of one judge hold one pool.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every pool: a forked child has none of their threads."""
+        self.lock = threading.Lock()
+        self.by_key: dict[tuple[str, bool], _SharedPool] = {}
+
+
+_POOLS = _Pools()
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_POOLS.reset)
+
+
 class PostgresConnections:
     """A bounded pool of connections to one PostgreSQL database, shared by threads.
 
     What the package's PostgreSQL stores share (psycopg 3 and its `ConnectionPool`,
     the `postgres` extra). A pool rather than a connection per thread: the judge runs
     each input's judgments in worker threads of their own, so connections kept per
-    thread would be opened anew for every input, up to 64 at once per process,
-    against PostgreSQL's default limit of 100 for all machines together.
+    thread were opened anew for every input (78 to 79 sessions for 10 retrievals
+    with a verdict log, 8 to 9 with the pool: `benchmarks/bench_sessions.py`), up to
+    64 at once per process, against PostgreSQL's default limit of 100 for all
+    machines together.
+
+    Every `PostgresConnections` of the process with the same connection string
+    (as written) and `read_only` uses one pool, opened by the first to use it and
+    closed when the last one holding it closes; it is as large as the largest
+    `max_size` asked for. So a verdict cache and a verdict log on one database
+    have at most that many sessions open together.
 
     Sessions are autocommit. The pool opens at first use, after one direct
     connection: a wrong address or password fails there at once with the server's
@@ -163,7 +201,7 @@ class PostgresConnections:
 
     Args:
         conninfo: A libpq connection string or `postgresql://` URI.
-        max_size: At most this many connections.
+        max_size: At most this many connections (in the pool it shares).
         timeout: Seconds a caller waits for a free connection.
         read_only: The server refuses any write in the sessions, and `run` refuses
             `writes` first.
@@ -189,6 +227,7 @@ class PostgresConnections:
         self.timeout = timeout
         self.read_only = read_only
         self._lock = threading.Lock()
+        self._shared: _SharedPool | None = None  # the pool held, when held
         self._pool: ConnectionPool[Connection[Any]] | None = None
 
     @property
@@ -211,42 +250,80 @@ class PostgresConnections:
             msg = f"The database {self.location} was opened read-only."
             raise PermissionError(msg)
         pool = self._opened()
-        with pool.connection() as conn:
+        with pool.connection(timeout=self.timeout) as conn:
             try:
                 return work(conn)
             except self._psycopg.OperationalError:
                 if not conn.broken:
                     raise
         pool.check()
-        with pool.connection() as conn:
+        with pool.connection(timeout=self.timeout) as conn:
             return work(conn)
 
     def _opened(self) -> ConnectionPool[Connection[Any]]:
         with self._lock:
             if self._pool is None:
-                try:
-                    self._psycopg.connect(self.conninfo).close()
-                except self._psycopg.Error as error:
-                    msg = f"Cannot connect to PostgreSQL at {self.location}: {error}"
-                    raise StoreLocationError(msg) from error
-                self._pool = self._psycopg_pool.ConnectionPool(
-                    self.conninfo,
-                    min_size=1,
-                    max_size=self.max_size,
-                    timeout=self.timeout,
-                    kwargs={"autocommit": True},
-                    configure=self._read_only if self.read_only else None,
-                    open=True,
-                )
+                self._shared, self._pool = self._hold()
             return self._pool
+
+    def _hold(self) -> tuple[_SharedPool, ConnectionPool[Connection[Any]]]:
+        """The shared pool, opened or grown as needed, with this as one more holder."""
+        key = self._key
+        with _POOLS.lock:
+            shared = _POOLS.by_key.setdefault(key, _SharedPool())
+            shared.holders += 1
+        try:
+            # Not under `_POOLS.lock`: a server slow to answer delays only its users.
+            with shared.lock:
+                if shared.pool is None:
+                    shared.pool = self._open_pool()
+                elif shared.pool.max_size < self.max_size:
+                    shared.pool.resize(shared.pool.min_size, self.max_size)
+                return shared, shared.pool
+        except BaseException:
+            self._release(key, shared)
+            raise
+
+    def _open_pool(self) -> ConnectionPool[Connection[Any]]:
+        try:
+            self._psycopg.connect(self.conninfo).close()
+        except self._psycopg.Error as error:
+            msg = f"Cannot connect to PostgreSQL at {self.location}: {error}"
+            raise StoreLocationError(msg) from error
+        pool: ConnectionPool[Connection[Any]] = self._psycopg_pool.ConnectionPool(
+            self.conninfo,
+            min_size=1,
+            max_size=self.max_size,
+            kwargs={"autocommit": True},
+            configure=self._read_only if self.read_only else None,
+            open=True,
+        )
+        return pool
 
     @staticmethod
     def _read_only(conn: Connection[Any]) -> None:
         conn.execute("SET default_transaction_read_only = on")
 
-    def close(self) -> None:
-        """Close every connection; the next use opens the pool anew."""
-        with self._lock:
-            pool, self._pool = self._pool, None
+    @property
+    def _key(self) -> tuple[str, bool]:
+        return (self.conninfo, self.read_only)
+
+    @staticmethod
+    def _release(key: tuple[str, bool], shared: _SharedPool) -> None:
+        """One holder less; the last one closes the pool."""
+        with _POOLS.lock:
+            shared.holders -= 1
+            if shared.holders:
+                return
+            if _POOLS.by_key.get(key) is shared:
+                del _POOLS.by_key[key]
+            pool, shared.pool = shared.pool, None
         if pool is not None:
             pool.close()
+
+    def close(self) -> None:
+        """Let go of the pool (the last holder closes it); a next use holds it anew."""
+        with self._lock:
+            shared, self._shared, self._pool = self._shared, None, None
+        if shared is not None:
+            self._release(self._key, shared)

@@ -26,6 +26,7 @@ __all__ = [
     "JudgmentError",
     "LocalModelStoppedError",
     "LocalServerError",
+    "MissingVerdictLogError",
     "ModelNotConfiguredError",
     "ReviewNeedsCheckpointerError",
     "RuleSchemaError",
@@ -36,6 +37,7 @@ __all__ = [
     "TextEncodingError",
     "UnreliableMatchWarning",
     "UnsupportedQuestionError",
+    "VerdictLogWarning",
     "advice",
     "describe_error",
 ]
@@ -389,3 +391,11 @@ class StoreLocationError(TAGError, ValueError):
     A path that is a directory or cannot be written, a file that is not a database,
     a server that cannot be reached, or (read-only) a table that is not there.
     """
+
+
+class MissingVerdictLogError(TAGError, LookupError):
+    """A log opened read-only is not there: no such file, or not the log's tables."""
+
+
+class VerdictLogWarning(UserWarning):
+    """The verdict log could not be written; its records are kept in memory."""

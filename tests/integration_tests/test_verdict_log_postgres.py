@@ -193,7 +193,9 @@ def test_read_only_reads_an_old_log_in_a_read_only_session(
     assert isinstance(log, PostgresVerdictLog)
     # Whatever runs in its session, the server refuses to write.
     with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
-        log._connection().execute(f"DELETE FROM {table}")  # noqa: S608
+        log._connections.run(
+            lambda conn: conn.execute(f"DELETE FROM {table}")  # noqa: S608
+        )
     log.close()
     with psycopg.connect(uri, autocommit=True) as conn:
         columns = conn.execute(

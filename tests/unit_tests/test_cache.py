@@ -1,29 +1,27 @@
 """Verdict caches: `BaseStore`s, bounded in memory, persistent and shared in SQLite.
 
 And shared by several machines in PostgreSQL: its SQL here, on a recording
-connection; tests/integration_tests/test_verdict_cache_postgres.py runs it on a
-server.
+connection (`test_sql`, where the connections themselves are tested);
+tests/integration_tests/test_verdict_cache_postgres.py runs it on a server.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from langchain_core.stores import BaseStore
 
 from langchain_tag import cache as cache_module
-from langchain_tag._sql import PostgresConnections, SQLiteConnections
+from langchain_tag._sql import PostgresConnections
 from langchain_tag.cache import (
     InMemoryVerdictCache,
     PostgresVerdictCache,
@@ -31,6 +29,7 @@ from langchain_tag.cache import (
     open_verdict_cache,
 )
 from langchain_tag.errors import StoreLocationError
+from tests.unit_tests.test_sql import RecordingConnection, RecordingPool, no_rows
 
 
 def test_in_memory_cache_evicts_least_recently_used() -> None:
@@ -121,25 +120,6 @@ def test_sqlite_cache_from_several_processes(tmp_path: Path) -> None:
     assert cache.mget([f"{n}-99" for n in range(3)]) == ["99"] * 3
 
 
-def test_read_only_connections_change_nothing_and_refuse_writes(
-    tmp_path: Path,
-) -> None:
-    path = tmp_path / "odd?name#.sqlite"  # URI characters in the name are literal
-    cache = SQLiteVerdictCache(path)
-    cache.mset([("k", "v")])
-    before = path.read_bytes()
-    reading = SQLiteConnections(path, read_only=True)
-    assert reading.get().execute("SELECT count(*) FROM verdicts").fetchone() == (1,)
-    with pytest.raises(PermissionError, match="read-only"), reading.writing():
-        pass
-    reading.close()
-    assert path.read_bytes() == before
-    missing = SQLiteConnections(tmp_path / "new" / "x.sqlite", read_only=True)
-    assert not (tmp_path / "new").exists()  # no directory made
-    with pytest.raises(sqlite3.OperationalError):
-        missing.get()
-
-
 # --- open_verdict_cache: a location picks the store -----------------------------------
 
 
@@ -223,84 +203,18 @@ def test_every_cache_can_be_closed(tmp_path: Path) -> None:
 # --- PostgresVerdictCache: its SQL, on a recording connection ----------------------
 
 
-class _Connection:
-    """Records statements; answers with `answer(sql, params)`.
-
-    Given `fail`, every statement raises it, and the connection is then `broken`
-    if `breaks` (the server dropped it).
-    """
-
-    def __init__(
-        self,
-        answer: Callable[[str, tuple[Any, ...]], list[Any]],
-        fail: Exception | None = None,
-        *,
-        breaks: bool = False,
-    ) -> None:
-        self.answer = answer
-        self.fail = fail
-        self.breaks = breaks
-        self.statements: list[tuple[str, tuple[Any, ...]]] = []
-        self.broken = False
-
-    def execute(self, sql: str, params: Any = ()) -> Any:
-        if self.fail is not None:
-            self.broken = self.breaks
-            raise self.fail
-        sql = " ".join(sql.split())
-        self.statements.append((sql, tuple(params)))
-        rows = self.answer(sql, tuple(params))
-
-        class Cursor:
-            def fetchall(self) -> list[Any]:
-                return rows
-
-            def fetchone(self) -> Any:
-                return rows[0] if rows else None
-
-        return Cursor()
-
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
-        self.statements.append(("BEGIN", ()))
-        yield
-        self.statements.append(("COMMIT", ()))
-
-
-class _Pool:
-    """Hands out its connections in turn; counts `check` calls."""
-
-    def __init__(self, *connections: _Connection) -> None:
-        self.connections = list(connections)
-        self.checks = 0
-
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[_Connection]:
-        conn = (
-            self.connections.pop(0)
-            if len(self.connections) > 1
-            else self.connections[0]
-        )
-        yield conn
-
-    def check(self) -> None:
-        self.checks += 1
-
-
-def _no_rows(sql: str, params: tuple[Any, ...]) -> list[Any]:
-    return [(True,)] if "to_regclass" in sql else []
-
-
 @pytest.fixture
-def recorded(monkeypatch: pytest.MonkeyPatch) -> _Connection:
+def recorded(monkeypatch: pytest.MonkeyPatch) -> RecordingConnection:
     """The connection every `PostgresVerdictCache` here runs its statements on."""
-    conn = _Connection(_no_rows)
-    monkeypatch.setattr(PostgresConnections, "_opened", lambda self: _Pool(conn))
+    conn = RecordingConnection(no_rows)
+    monkeypatch.setattr(
+        PostgresConnections, "_opened", lambda self: RecordingPool(conn)
+    )
     return conn
 
 
 def test_postgres_cache_creates_its_table_once_under_a_lock(
-    recorded: _Connection,
+    recorded: RecordingConnection,
 ) -> None:
     PostgresVerdictCache("postgresql://db/tag", table="shared_verdicts")
     assert recorded.statements == [
@@ -319,7 +233,7 @@ def test_postgres_cache_creates_its_table_once_under_a_lock(
 
 
 def test_postgres_cache_writes_an_upsert_in_one_statement(
-    recorded: _Connection,
+    recorded: RecordingConnection,
 ) -> None:
     cache = PostgresVerdictCache("postgresql://db/tag")
     recorded.statements.clear()
@@ -342,10 +256,12 @@ def test_postgres_cache_reads_and_deletes_by_key_array(
     def answer(sql: str, params: tuple[Any, ...]) -> list[Any]:
         if sql.startswith("SELECT key, verdict"):
             return [("b", "B"), ("a", "A")]
-        return _no_rows(sql, params)
+        return no_rows(sql, params)
 
-    conn = _Connection(answer)
-    monkeypatch.setattr(PostgresConnections, "_opened", lambda self: _Pool(conn))
+    conn = RecordingConnection(answer)
+    monkeypatch.setattr(
+        PostgresConnections, "_opened", lambda self: RecordingPool(conn)
+    )
     cache = PostgresVerdictCache("postgresql://db/tag")
     conn.statements.clear()
     assert cache.mget(["a", "missing", "b"]) == ["A", None, "B"]
@@ -371,10 +287,12 @@ def test_postgres_cache_lists_keys_by_a_literal_prefix_a_page_at_a_time(
             _, after, limit = params
             later = [k for k in stored if (k >= after if ">=" in sql else k > after)]
             return [(k,) for k in later[:limit]]
-        return _no_rows(sql, params)
+        return no_rows(sql, params)
 
-    conn = _Connection(answer)
-    monkeypatch.setattr(PostgresConnections, "_opened", lambda self: _Pool(conn))
+    conn = RecordingConnection(answer)
+    monkeypatch.setattr(
+        PostgresConnections, "_opened", lambda self: RecordingPool(conn)
+    )
     monkeypatch.setattr(cache_module, "_KEYS_PAGE", 2)
     cache = PostgresVerdictCache("postgresql://db/tag")
     conn.statements.clear()
@@ -398,8 +316,12 @@ def test_postgres_cache_read_only_checks_and_refuses_writes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     found: list[Any] = [(True,)]
-    conn = _Connection(lambda sql, params: found if "to_regclass" in sql else [])
-    monkeypatch.setattr(PostgresConnections, "_opened", lambda self: _Pool(conn))
+    conn = RecordingConnection(
+        lambda sql, params: found if "to_regclass" in sql else []
+    )
+    monkeypatch.setattr(
+        PostgresConnections, "_opened", lambda self: RecordingPool(conn)
+    )
     cache = PostgresVerdictCache(
         "postgresql://tag:pw@db/tag", table="shared", read_only=True
     )
@@ -418,28 +340,7 @@ def test_postgres_cache_read_only_checks_and_refuses_writes(
         PostgresVerdictCache("postgresql://db/tag", table="shared", read_only=True)
 
 
-def test_a_connection_dropped_in_the_pool_is_replaced_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    dropped = _Connection(
-        _no_rows, psycopg.OperationalError("server closed the connection"), breaks=True
-    )
-    healthy = _Connection(_no_rows)
-    pool = _Pool(dropped, healthy)
-    monkeypatch.setattr(PostgresConnections, "_opened", lambda self: pool)
-    connections = PostgresConnections("postgresql://db/tag")
-    assert connections.run(lambda conn: conn.execute("SELECT 1").fetchall()) == []
-    assert (pool.checks, healthy.statements) == (1, [("SELECT 1", ())])
-    # An error of a live connection (a cancelled statement) is the caller's.
-    cancelled = _Connection(
-        _no_rows, fail=psycopg.OperationalError("canceling statement")
-    )
-    monkeypatch.setattr(PostgresConnections, "_opened", lambda self: _Pool(cancelled))
-    with pytest.raises(psycopg.OperationalError, match="canceling"):
-        connections.run(lambda conn: conn.execute("SELECT 1"))
-
-
-def test_postgres_cache_table_name_and_location(recorded: _Connection) -> None:
+def test_postgres_cache_table_name_and_location(recorded: RecordingConnection) -> None:
     with pytest.raises(ValueError, match="plain SQL identifier"):
         PostgresVerdictCache("postgresql://db/tag", table="verdicts; DROP TABLE x")
     keyword = PostgresVerdictCache("host=db dbname=tag password=s3cret user=tag")

@@ -21,10 +21,17 @@ from typing import Any
 import pytest
 
 from langchain_tag import Rule, Rulebook
+from langchain_tag._sql import PostgresConnections
 from langchain_tag._text import digest
 from langchain_tag.cli import verdicts as verdicts_cli
-from langchain_tag.errors import CommandError
-from langchain_tag.learning import verdict_log
+from langchain_tag.errors import (
+    CommandError,
+    MissingVerdictLogError,
+    StoreLocationError,
+    VerdictLogWarning,
+)
+from langchain_tag.learning import _write_queue
+from langchain_tag.learning._records import LogRecord
 from langchain_tag.learning.learned_prefilter import (
     FeatureHashing,
     HashedFeatures,
@@ -33,19 +40,17 @@ from langchain_tag.learning.learned_prefilter import (
     SkippedPair,
 )
 from langchain_tag.learning.verdict_log import (
-    LogRecord,
-    MissingVerdictLogError,
     PostgresVerdictLog,
     Retention,
     SkipRecord,
     SQLiteVerdictLog,
-    VerdictLogWarning,
     VerdictRecord,
     open_verdict_log,
 )
 from langchain_tag.matching import ApplicabilityJudge, Verdict
 from langchain_tag.matching.prompts import PROMPT_VERSION, RATIONALE_VERSION
 from langchain_tag.testing import FakeClock, RuleAwareFakeChatModel, trigger_rulebook
+from tests.unit_tests.test_sql import RecordingConnection, RecordingPool, no_rows
 
 RULES = trigger_rulebook(4)
 PRIVATE_INPUT = "the confidential input mentions trigger-001 and nothing else"
@@ -340,11 +345,44 @@ def test_cli_refuses_a_missing_log(tmp_path: Path) -> None:
     assert not missing.exists()  # reading never creates an empty log
 
 
-def test_the_postgres_log_never_shows_a_password() -> None:
-    # `location` reads only the connection string: no server is needed for it.
-    log = PostgresVerdictLog.__new__(PostgresVerdictLog)
-    log.conninfo = "postgresql://tag:s3cr@t@db:5432/tag"
-    assert log.location == "postgresql://tag:***@db:5432/tag"
+def test_the_postgres_log_sets_up_its_tables_unprepared_in_one_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its session goes back to the pool: nothing prepared is lost to its ALTER.
+
+    Run by `executemany`, prepared in a pipeline, the ALTER had psycopg forget a
+    statement prepared after it (InvalidSqlStatementName).
+    """
+    conn = RecordingConnection(no_rows)
+    monkeypatch.setattr(
+        PostgresConnections, "_opened", lambda self: RecordingPool(conn)
+    )
+    log = PostgresVerdictLog("postgresql://tag:s3cr@t@db:5432/tag", table="log")
+    assert log.location == "postgresql://tag:***@db:5432/tag"  # never the password
+    sqls = [sql for sql, _ in conn.statements]
+    assert conn.statements[:2] == [
+        ("BEGIN", ()),
+        ("SELECT pg_advisory_xact_lock(hashtext(%s))", ("log",)),
+    ]
+    assert sqls[-2:] == [
+        "ALTER TABLE log ADD COLUMN IF NOT EXISTS reason TEXT",
+        "COMMIT",
+    ]
+    assert sum(sql.startswith("CREATE TABLE IF NOT EXISTS") for sql in sqls) == 3
+    assert conn.prepared == [False] * (len(sqls) - 2)
+
+
+def test_a_path_that_cannot_hold_a_log_is_named_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(StoreLocationError, match="is a directory; name a file in it"):
+        SQLiteVerdictLog(tmp_path)
+    (tmp_path / "plain").write_text("x")
+    with pytest.raises(StoreLocationError, match="plain is not a directory"):
+        open_verdict_log(tmp_path / "plain" / "sub" / "log.sqlite")
+    (tmp_path / "notes.txt").write_text("not a database, but long enough " * 40)
+    with pytest.raises(StoreLocationError, match="not an SQLite database"):
+        SQLiteVerdictLog(tmp_path / "notes.txt")
 
 
 def test_cli_never_shows_a_password() -> None:
@@ -999,7 +1037,7 @@ def test_skip_records_round_trip_and_are_no_verdicts(
 def test_skip_records_wait_for_a_write_at_most_so_long(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(verdict_log, "_DEFERRED_AT_MOST", 3)
+    monkeypatch.setattr(_write_queue, "_DEFERRED_AT_MOST", 3)
     log = SQLiteVerdictLog(tmp_path / "log.sqlite")
     skip(log, "a", (0, 0.1), (1, 0.1))
     assert (log.pending, log.stats().skipped) == (2, 0)
