@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from langchain_tag.learning._thresholds import Masses, threshold_options
+from langchain_tag.learning._records import RuleFit
+from langchain_tag.learning._thresholds import (
+    Candidate,
+    Masses,
+    Option,
+    allocate,
+    threshold_options,
+)
 
 
 def test_skipped_pairs_weigh_as_fractional_yes_by_hand() -> None:
@@ -38,3 +47,19 @@ def test_threshold_options_spend_yes_mass_by_hand() -> None:
         [0.4 * 1 / 2.25, 0.4 * 1.25 / 2.25, 0.4]
     )
     assert [o.skip for o in options] == pytest.approx([0.0, 0.6, 0.6])
+
+
+def test_the_miss_budget_goes_where_it_skips_the_most() -> None:
+    fit = RuleFit(status="learned", examples=10, positives=2)
+    keep = Option(-math.inf, 0.0, 0.0)
+    # A: 0.5 skips for 0.01 misses (slope 50); B: 0.2 for 0.01 (20), then all of
+    # its skips for 0.1 more; A's second step skips less for its cost (a hull).
+    a = Candidate("A", fit, [keep, Option(0.1, 0.01, 0.5), Option(0.2, 0.1, 0.6)])
+    b = Candidate("B", fit, [keep, Option(0.3, 0.01, 0.2), Option(math.inf, 0.11, 0.9)])
+    spent = allocate([a, b], budget=0.025)
+    assert (a.chosen, b.chosen) == (1, 1)
+    assert spent == pytest.approx(0.02)
+    # More budget: B's long step (7 skips per miss) before A's (1.1).
+    a.chosen = b.chosen = 0
+    assert allocate([a, b], budget=0.12) == pytest.approx(0.12)
+    assert (a.chosen, b.chosen) == (1, 2)
