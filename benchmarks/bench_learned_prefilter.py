@@ -22,7 +22,8 @@ For each set:
 2. Learning curve at 0.95: train on the first 10 / 20 / 40 / 80 / all inputs of the
    training folds (5 random orders each), evaluate on the held-out fold.
 3. Time: training on a whole training fold; selection per input (best of
-   `--repeats` passes over the held-out inputs; median and 99th percentile). And
+   `--repeats` passes over the held-out inputs; median and 99th percentile); the
+   size of that model's file. And
    what the retrieval that crosses a retraining mark waits: the whole training
    when it trains in its own thread, only `Retrainer.poll()` with the background
    retrainer (the training fold's verdicts in an SQLite verdict log).
@@ -292,6 +293,8 @@ class Timing:
     """With `Retrainer`, it waits this (`poll()` starts a background training)."""
     retrain_background_s: float
     """The background training, from the log, until the new model is installed."""
+    file_bytes: int
+    """The trained model's file (`LearnedPrefilter.save`)."""
 
 
 def timing(data: LabelledSet, repeats: int) -> Timing:
@@ -314,6 +317,8 @@ def timing(data: LabelledSet, repeats: int) -> Timing:
             best = times
     assert best is not None  # noqa: S101 - repeats >= 1
     sync_ms, poll_ms, background_s = retrain_wait(data, train)
+    with tempfile.TemporaryDirectory() as directory:
+        file_bytes = prefilter.save(Path(directory) / "model.npz").stat().st_size
     return Timing(
         train_inputs=len(train),
         rules=len(data.rule_ids),
@@ -324,6 +329,7 @@ def timing(data: LabelledSet, repeats: int) -> Timing:
         retrain_sync_ms=sync_ms,
         retrain_poll_ms=poll_ms,
         retrain_background_s=background_s,
+        file_bytes=file_bytes,
     )
 
 
@@ -544,7 +550,7 @@ def report_set(data: LabelledSet, args: argparse.Namespace) -> dict[str, Any]:
         f"\nTime: training on {times.train_inputs} inputs x {times.rules} rules "
         f"{times.train_seconds:.2f} s; selection per input median "
         f"{times.select_median_ms:.2f} ms, p99 {times.select_p99_ms:.2f} ms, "
-        f"max {times.select_max_ms:.2f} ms"
+        f"max {times.select_max_ms:.2f} ms; model file {times.file_bytes:,} bytes"
     )
     print(
         f"Retraining from the verdict log: the retrieval crossing the mark waits "
