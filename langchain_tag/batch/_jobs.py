@@ -1,6 +1,6 @@
 """Batch jobs: split, upload, create, poll and download, recorded for resuming.
 
-Every batch is recorded (`_records`: a table beside the verdict cache) before it is
+Every batch is recorded (`_records`: tables beside the verdict cache) before it is
 created (under its input file's id) and again once created (its batch id), so that
 a run killed at any point leaves what it paid for findable: the next run polls the
 recorded batches instead of creating them again, and adopts a batch created just
