@@ -15,9 +15,10 @@ half the price. This package sends the judge's and the executor's calls that way
   `BatchReport`: what a call sent, read, did online, and the tokens it used;
   `cancel_batches`: cancel what is running.
 
-What is sent is only what is not answered yet; a batch is recorded in the store
-as soon as it exists, so a killed run, or one that returned at `max_wait`, is
-resumed by calling again. A line that failed, expired, was cancelled or gave an
+What is sent is only what is not answered yet; a batch is recorded as soon as it
+exists, in tables beside the verdict cache (in its SQLite file or PostgreSQL
+database), so a killed run, or one that returned at `max_wait`, is resumed by
+calling again. A line that failed, expired, was cancelled or gave an
 unreadable answer is done online, through the judge's retries and error policy:
 never a silent NO. A batch the API refuses at validation raises
 `BatchFailedError`.

@@ -1,13 +1,14 @@
 """Batch jobs: split, upload, create, poll and download, recorded for resuming.
 
-Every batch is recorded in the store before it is created (under its input file's
-id) and again once created (its batch id), so that a run killed at any point leaves
-what it paid for findable: the next run polls the recorded batches instead of
-creating them again, and adopts a batch created just before the kill by listing the
-account's batches. A finished batch's answers are stored (under their custom id)
-before its record is deleted; so a kill while reading loses nothing either.
+Every batch is recorded (`_records`: tables beside the verdict cache) before it is
+created (under its input file's id) and again once created (its batch id), so that
+a run killed at any point leaves what it paid for findable: the next run polls the
+recorded batches instead of creating them again, and adopts a batch created just
+before the kill by listing the account's batches. A finished batch's answers are
+stored (under their custom id) and its record deleted in one transaction; so a kill
+while reading loses nothing either.
 
-Several processes may share one store (shards of a job over one database): a call
+Several processes may share one database (shards of a job): a call
 collects only the records holding its own requests, and creates the batch of a
 record it did not make only once the record has stayed without one for
 `adopt_grace` seconds, so it never pays again for a batch another live process is
@@ -23,25 +24,21 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import openai
-from langchain_core.stores import BaseStore
 from openai.types import Batch
 from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_tag._text import json_lines
+from langchain_tag.batch._records import JobRecord, JobRecords, Lane
 from langchain_tag.batch._requests import ENDPOINT, BatchLaneError, request_line
 from langchain_tag.models import CallRetry
 
 logger = logging.getLogger(__name__)
 
-RECORDS = "tag-batch:job:"
-"""Prefix of the store keys of batch records: `tag-batch:job:<lane>:<file id>`."""
-ANSWERS = "tag-batch:answer:"
-"""Prefix of the stored answers: `tag-batch:answer:<lane>:<custom id>`."""
-
-Lane = Literal["judge", "execute"]
+PROVIDER: Final = "openai"
+"""The provider column of this lane's records and answers."""
 
 _TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 _RUNNING = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
@@ -100,24 +97,6 @@ class BatchFile(BaseModel):
     bytes: int
 
 
-class JobRecord(BaseModel):
-    """What is kept of a batch until its answers are stored."""
-
-    lane: Lane
-    endpoint: str
-    """The API's base URL: a record is collected through a client of the same."""
-    file_id: str
-    batch_id: str | None = None
-    custom_ids: list[str]
-    created: int
-    """When the input file was uploaded (the provider's clock)."""
-
-    @property
-    def key(self) -> str:
-        """The record's store key."""
-        return f"{RECORDS}{self.lane}:{self.file_id}"
-
-
 @dataclass
 class Collected:
     """What polling the recorded batches came to."""
@@ -134,50 +113,31 @@ class Collected:
 
 
 class BatchJobs:
-    """The batches of one lane at one API, kept in `store`."""
+    """The batches of one lane at one API, recorded in `kept`."""
 
     def __init__(
         self,
         client: openai.OpenAI,
-        store: BaseStore[str, str],
+        kept: JobRecords,
         lane: Lane,
         settings: BatchSettings,
         progress: Callable[[BatchProgress], None] | None = None,
     ) -> None:
-        """Work through `client`, recording in `store` under `lane`'s keys."""
+        """Work through `client`, recording `lane`'s jobs and answers in `kept`."""
         self.client = client
-        self.store = store
+        self.kept = kept
         self.lane = lane
         self.settings = settings
         self.progress = progress
         self.endpoint = str(client.base_url)
         self._transient = CallRetry().is_transient
         self._own: set[str] = set()
-        """Keys of the records this object saved (their batches it creates)."""
-
-    # -- records --------------------------------------------------------------------
+        """Input file ids of the records this object saved (their batches it
+        creates)."""
 
     def records(self) -> list[JobRecord]:
         """The recorded batches of this lane at this API, oldest first."""
-        keys = list(self.store.yield_keys(prefix=f"{RECORDS}{self.lane}:"))
-        found = [
-            JobRecord.model_validate_json(value)
-            for value in self.store.mget(keys)
-            if value is not None
-        ]
-        return sorted(
-            (r for r in found if r.endpoint == self.endpoint),
-            key=lambda r: (r.created, r.file_id),
-        )
-
-    def _save(self, record: JobRecord) -> None:
-        self.store.mset([(record.key, record.model_dump_json())])
-        self._own.add(record.key)
-
-    def _reloaded(self, record: JobRecord) -> JobRecord | None:
-        """The record as stored now (another process may have added its batch id)."""
-        (value,) = self.store.mget([record.key])
-        return None if value is None else JobRecord.model_validate_json(value)
+        return self.kept.jobs(PROVIDER, self.endpoint, self.lane)
 
     # -- submitting -----------------------------------------------------------------
 
@@ -199,13 +159,15 @@ class BatchJobs:
                 file=(f"tag-{self.lane}.jsonl", content), purpose="batch"
             )
             record = JobRecord(
-                lane=self.lane,
+                provider=PROVIDER,
                 endpoint=self.endpoint,
-                file_id=uploaded.id,
+                lane=self.lane,
+                input_file_id=uploaded.id,
                 custom_ids=[custom_id for custom_id, _ in chunk],
                 created=uploaded.created_at,
             )
-            self._save(record)
+            self.kept.save(record)
+            self._own.add(record.input_file_id)
             _, batch = self._create(record)
             files.append(
                 BatchFile(
@@ -245,7 +207,7 @@ class BatchJobs:
 
     def _create(self, record: JobRecord) -> tuple[JobRecord, Batch]:
         batch = self.client.batches.create(
-            input_file_id=record.file_id,
+            input_file_id=record.input_file_id,
             endpoint=ENDPOINT,
             completion_window=self.settings.completion_window,
             metadata={"tag_lane": self.lane, **self.settings.metadata},
@@ -253,8 +215,8 @@ class BatchJobs:
         return self._with_batch(record, batch), batch
 
     def _with_batch(self, record: JobRecord, batch: Batch) -> JobRecord:
-        record = record.model_copy(update={"batch_id": batch.id})
-        self._save(record)
+        record = record.model_copy(update={"batch_id": batch.id, "state": batch.status})
+        self.kept.save(record)
         return record
 
     def _adopt(
@@ -267,12 +229,12 @@ class BatchJobs:
         first seen so); until then its batch is None (still to come).
         """
         for batch in self.client.batches.list(limit=100):  # newest first
-            if batch.input_file_id == record.file_id:
+            if batch.input_file_id == record.input_file_id:
                 return self._with_batch(record, batch), batch
             if batch.created_at < record.created - _ADOPT_SLACK:
                 break
         waited = self.settings.clock() - orphaned
-        if record.key in self._own or waited >= self.settings.adopt_grace:
+        if record.input_file_id in self._own or waited >= self.settings.adopt_grace:
             return self._create(record)
         return record, None
 
@@ -285,7 +247,7 @@ class BatchJobs:
     def collect(self, custom_ids: AbstractSet[str]) -> Collected:
         """Poll the batches holding `custom_ids` until they end (or `max_wait`).
 
-        Only those: another process sharing the store polls its own. A finished
+        Only those: another process sharing the records polls its own. A finished
         batch's answers are stored and its record deleted; lines that came back
         without an answer (an error, expiry, cancellation) are reported in
         `failures`; a batch that failed validation in `failed_batches`.
@@ -328,13 +290,14 @@ class BatchJobs:
         finished it.
         """
         try:
-            if record.batch_id is None and record.key not in self._own:
-                reloaded = self._reloaded(record)
-                if reloaded is None:  # another process read it
+            if record.batch_id is None and record.input_file_id not in self._own:
+                # Another process may have added its batch id, or read it.
+                reloaded = self.kept.get(record)
+                if reloaded is None:
                     return None
                 record = reloaded
             if record.batch_id is None:
-                since = orphaned.setdefault(record.key, self.settings.clock())
+                since = orphaned.setdefault(record.input_file_id, self.settings.clock())
                 record, found = self._adopt(record, since)
                 if found is None:
                     return record, None
@@ -346,20 +309,23 @@ class BatchJobs:
                 "Batch %s (file %s) is unknown to %s; its record is dropped and "
                 "its requests will be sent again.",
                 record.batch_id,
-                record.file_id,
+                record.input_file_id,
                 self.endpoint,
             )
-            self.store.mdelete([record.key])
+            self.kept.delete(record)
             return None
         except Exception as error:
             if not self._transient(error):
                 raise
             logger.warning(
                 "Polling batch %s failed (%s); trying again at the next poll.",
-                record.batch_id or record.file_id,
+                record.batch_id or record.input_file_id,
                 error,
             )
             return record, None
+        if batch.status != record.state:  # seen in the records table
+            self.kept.set_state(record, batch.status)
+            record = record.model_copy(update={"state": batch.status})
         if self.progress is not None:
             counts = batch.request_counts
             self.progress(
@@ -375,13 +341,13 @@ class BatchJobs:
         return record, batch
 
     def _finish(self, record: JobRecord, batch: Batch, collected: Collected) -> bool:
-        """Store an ended batch's answers and drop its record.
+        """Store an ended batch's answers and drop its record, at once.
 
         False if a transient error stopped the download (tried at the next poll).
         """
         if batch.status == "failed":
             collected.failed_batches.append(batch)
-            self.store.mdelete([record.key])
+            self.kept.delete(record)
             return True
         try:
             contents = [
@@ -410,10 +376,7 @@ class BatchJobs:
         for custom_id in record.custom_ids:
             if custom_id not in answers and custom_id not in failures:
                 failures[custom_id] = f"no answer in batch {batch.status}"
-        self.store.mset(
-            [(self._answer_key(key), body) for key, body in answers.items()]
-        )
-        self.store.mdelete([record.key])
+        self.kept.finish(record, answers)
         for custom_id in answers:
             failures.pop(custom_id, None)
         collected.failures.update(failures)
@@ -422,28 +385,18 @@ class BatchJobs:
 
     # -- answers --------------------------------------------------------------------
 
-    def _answer_key(self, custom_id: str) -> str:
-        return f"{ANSWERS}{self.lane}:{custom_id}"
-
     def answers(self, custom_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The stored answers (chat completion bodies) of `custom_ids`."""
-        ids = list(custom_ids)
-        stored = self.store.mget([self._answer_key(i) for i in ids])
-        return {
-            custom_id: json.loads(value)
-            for custom_id, value in zip(ids, stored, strict=True)
-            if value is not None
-        }
+        stored = self.kept.answers(PROVIDER, self.lane, custom_ids)
+        return {custom_id: json.loads(value) for custom_id, value in stored.items()}
 
     def answered(self, custom_ids: Iterable[str]) -> set[str]:
         """Those of `custom_ids` whose answers are stored."""
-        ids = list(custom_ids)
-        stored = self.store.mget([self._answer_key(i) for i in ids])
-        return {i for i, value in zip(ids, stored, strict=True) if value is not None}
+        return self.kept.answered(PROVIDER, self.lane, custom_ids)
 
     def forget(self, custom_ids: Iterable[str]) -> None:
         """Delete the stored answers of `custom_ids` (kept elsewhere now)."""
-        self.store.mdelete([self._answer_key(i) for i in custom_ids])
+        self.kept.forget(PROVIDER, self.lane, custom_ids)
 
     def cancel(self) -> list[str]:
         """Ask the API to cancel every recorded batch still running; their ids."""

@@ -3,8 +3,8 @@
 `judge_in_batch` fills the judge's verdict cache (and its verdict log) from batch
 answers; `execute_in_batch` returns the executor's outputs and stores its answers.
 Both send only what is not answered yet, resume the batches an earlier run left
-(recorded in the store), and do online, through the judge or the executor, what a
-batch did not answer.
+(recorded beside the store: `_records`), and do online, through the judge or the
+executor, what a batch did not answer.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from langchain_tag.batch._jobs import (
     BatchProgress,
     BatchSettings,
     Collected,
-    Lane,
 )
+from langchain_tag.batch._records import JobRecords, Lane, job_records
 from langchain_tag.batch._requests import (
     BatchLaneError,
     ChatCall,
@@ -190,7 +190,7 @@ def judge_in_batch(
     line failed, expired, was cancelled or gave no readable verdict are judged
     online by the judge (its retries, its `on_error`), never assumed NO.
 
-    Batches are recorded in `store` as soon as they are made: a call that is
+    Batches are recorded beside `store` as soon as they are made: a call that is
     killed, or returns at `max_wait`, is resumed by calling again with the same
     pairs, which polls those batches instead of paying for them again.
 
@@ -200,8 +200,11 @@ def judge_in_batch(
         pairs: (input, rule) pairs; repeats are judged once.
         client: The OpenAI client for files and batches; default the judge's
             model's own (`root_client`: its key, base URL and retries).
-        store: Where batches and answers are recorded; default the judge's cache
-            (namespaced keys, `tag-batch:...`).
+        store: Where batches and answers are recorded; default the judge's cache.
+            Beside a `SQLiteVerdictCache` or `PostgresVerdictCache`, in tables of
+            their own in its database (`batch_jobs`, `batch_job_answers`); beside
+            an `InMemoryVerdictCache`, in this process's memory; in any other
+            store, under its keys `tag-batch:job:...` and `tag-batch:answer:...`.
         settings: File limits, polling, `max_wait`.
         progress: Called with each poll of each batch.
         config: Callbacks, tags and metadata: each answer read from a batch is
@@ -229,10 +232,11 @@ def judge_in_batch(
         wanted.setdefault(judge.cache_key(text, rule), (text, rule))
     keys = list(wanted)
     pending = [k for k, v in zip(keys, cache.mget(keys), strict=True) if v is None]
-    _check_room(store or cache, len(pending))
+    _check_room(cache, len(pending))
+    kept = _kept(store or cache)
     jobs = BatchJobs(
         client or sdk_client(judge.llm, "judge"),
-        store or cache,
+        kept,
         "judge",
         settings or BatchSettings(),
         progress,
@@ -302,23 +306,26 @@ def _checked_cache(cache: BaseStore[str, str] | None) -> BaseStore[str, str]:
     return cache
 
 
-def _check_room(store: BaseStore[str, str], pending: int) -> None:
-    """Refuse a bounded in-memory store that would evict answers paid for."""
-    if not isinstance(store, InMemoryVerdictCache):
-        return
-    # Each pair's answer is kept until its verdict is stored beside it.
-    if store.maxsize < 2 * pending:
+def _check_room(cache: BaseStore[str, str], pending: int) -> None:
+    """Refuse a bounded in-memory cache that would evict verdicts paid for."""
+    if isinstance(cache, InMemoryVerdictCache) and cache.maxsize < pending:
         msg = (
-            f"The in-memory cache holds {store.maxsize:,} entries, fewer than the "
-            f"{2 * pending:,} that {pending:,} pairs need (an answer, then a "
-            "verdict, each): answers paid for would be evicted. Use "
-            "SQLiteVerdictCache(path), or a larger maxsize."
+            f"The in-memory cache holds {cache.maxsize:,} entries, fewer than the "
+            f"{pending:,} verdicts to judge: verdicts paid for would be evicted "
+            "before they are read. Use SQLiteVerdictCache(path), or a larger maxsize."
         )
         raise BatchLaneError(msg)
-    logger.warning(
-        "Batches are recorded in an in-memory cache: a run that is killed cannot "
-        "resume them. Use SQLiteVerdictCache(path) to keep them."
-    )
+
+
+def _kept(store: BaseStore[str, str]) -> JobRecords:
+    """The job records beside `store`; a warning if they die with the process."""
+    if isinstance(store, InMemoryVerdictCache):
+        logger.warning(
+            "Batches are recorded in memory (beside an in-memory cache): a run "
+            "that is killed cannot resume them. Use SQLiteVerdictCache(path) to "
+            "keep them."
+        )
+    return job_records(store)
 
 
 # --- executing -----------------------------------------------------------------------
@@ -339,16 +346,16 @@ def execute_in_batch(
     """Run the executor on (input, matched rules) items through the Batch API.
 
     Each item is the executor's own call (`executor.messages`: the actions only),
-    its answer stored in `store` under the hash of its request body, so a repeated
-    or resumed call pays for nothing twice. Outputs are parsed by the executor's
-    template; an item whose line failed or whose answer does not read or parse is
-    executed online (`executor.invoke`, retried by `retry`).
+    its answer stored beside `store` under the hash of its request body, so a
+    repeated or resumed call pays for nothing twice. Outputs are parsed by the
+    executor's template; an item whose line failed or whose answer does not read
+    or parse is executed online (`executor.invoke`, retried by `retry`).
 
     Args:
         executor: An `ActionOnlyExecutor` on a `ChatOpenAI`.
         items: (input, matched rules) per execution.
-        store: Where answers and batches are kept (`SQLiteVerdictCache(path,
-            table="batch_answers")`, say).
+        store: Where answers and batches are kept, as `judge_in_batch` keeps
+            them (`SQLiteVerdictCache(path)`, say: its file's batch tables).
         client: The OpenAI client; default the executor's model's own.
         settings: File limits, polling, `max_wait`.
         progress: Called with each poll of each batch.
@@ -381,7 +388,7 @@ def execute_in_batch(
 
     jobs = BatchJobs(
         client or sdk_client(executor.llm, "executor"),
-        store,
+        _kept(store),
         "execute",
         settings or BatchSettings(),
         progress,
@@ -536,7 +543,9 @@ def _run(
     report.resumed_batch_ids = [
         batch_id for batch_id in collected.collected if batch_id not in report.batch_ids
     ]
-    report.running_batch_ids = [r.batch_id or r.file_id for r in collected.running]
+    report.running_batch_ids = [
+        r.batch_id or r.input_file_id for r in collected.running
+    ]
     report.failed_batch_ids = [b.id for b in collected.failed_batches]
     still = {k for record in collected.running for k in record.custom_ids}
     still &= wanted
@@ -608,7 +617,7 @@ def cancel_batches(
     client: openai.OpenAI,
     lanes: Sequence[Lane] = ("judge", "execute"),
 ) -> list[str]:
-    """Cancel the batches recorded in `store` that are still running at `client`'s API.
+    """Cancel the batches recorded beside `store` still running at `client`'s API.
 
     Their records stay: the next `judge_in_batch` / `execute_in_batch` call
     collects what they answered before the cancellation and does the rest online.
@@ -616,8 +625,9 @@ def cancel_batches(
     Returns:
         The ids of the batches asked to cancel.
     """
+    kept = job_records(store)
     return [
         batch_id
         for lane in lanes
-        for batch_id in BatchJobs(client, store, lane, BatchSettings()).cancel()
+        for batch_id in BatchJobs(client, kept, lane, BatchSettings()).cancel()
     ]

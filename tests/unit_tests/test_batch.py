@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ from typing import Any
 
 import openai
 import pytest
+from langchain_core.stores import BaseStore
 from langchain_openai import ChatOpenAI
 
 from langchain_tag import Rule
@@ -33,6 +35,7 @@ from langchain_tag.batch import (
     lane,
 )
 from langchain_tag.batch._jobs import BatchJobs
+from langchain_tag.batch._records import JobRecord, Lane, job_records
 from langchain_tag.cache import InMemoryVerdictCache, SQLiteVerdictCache
 from langchain_tag.execution import ActionOnlyExecutor
 from langchain_tag.matching import ApplicabilityJudge, CascadeJudge, Verdict
@@ -104,6 +107,31 @@ def _cached(judge: ApplicabilityJudge, pairs: list[tuple[str, Rule]]) -> list[bo
     stored = judge.cache.mget([judge.cache_key(t, r) for t, r in pairs])
     assert all(value is not None for value in stored)
     return [Verdict.model_validate_json(v).applies for v in stored if v is not None]
+
+
+def _kept(
+    server: FakeBatchServer, store: BaseStore[str, str] | None, lane: Lane = "judge"
+) -> BatchJobs:
+    """The jobs and answers recorded beside `store` for `server`'s API."""
+    assert store is not None
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused")
+    return BatchJobs(client, job_records(store), lane, BatchSettings())
+
+
+def _store_answer(
+    store: BaseStore[str, str] | None, lane: Lane, custom_id: str, body: str
+) -> None:
+    """Store an answer as a finished batch's would be (its record long gone)."""
+    assert store is not None
+    gone = JobRecord(
+        provider="openai",
+        endpoint="gone",
+        lane=lane,
+        input_file_id="file-gone",
+        custom_ids=[custom_id],
+        created=0,
+    )
+    job_records(store).finish(gone, {custom_id: body})
 
 
 def _rule_of(body: dict[str, Any]) -> str:
@@ -381,8 +409,9 @@ def test_a_batch_refused_at_validation_is_a_clear_error(
         assert server.hits[CHAT] == 0  # not 12 judgments at the online price
     assert raised.value.report.failed_batch_ids == ["batch_1"]
     assert "Nothing in them was run" in str(raised.value)
-    assert judge.cache is not None
-    assert not list(judge.cache.yield_keys(prefix="tag-batch:"))
+    kept = _kept(server, judge.cache)
+    assert kept.records() == []
+    assert kept.answered(judge.cache_key(*pair) for pair in PAIRS) == set()
 
 
 # --- resuming -------------------------------------------------------------------------
@@ -455,10 +484,12 @@ def test_a_batch_created_but_not_recorded_is_adopted_not_created_again(
     client.batches.create = _killed  # type: ignore[method-assign]
     with pytest.raises(_Killed):
         judge_in_batch(judge, PAIRS, client=client, settings=_settings(clock))
-    (record,) = judge.cache.yield_keys(prefix="tag-batch:job:")
-    file_id = record.rsplit(":", 1)[1]
+    (record,) = _kept(server, judge.cache).records()
+    assert (record.batch_id, record.state) == (None, "uploaded")
     created(
-        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        input_file_id=record.input_file_id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
     )
     client.batches.create = created  # type: ignore[method-assign]
     report = judge_in_batch(judge, PAIRS, client=client, settings=_settings(clock))
@@ -498,8 +529,74 @@ def test_answers_downloaded_before_a_kill_are_read_without_any_request(
     assert sum(server.hits.values()) == before
     assert (report.sent, report.from_batch, report.online) == (0, 12, 0)
     assert _cached(judge, PAIRS) == [TRUTH[t, r.rule_id] for t, r in PAIRS]
-    assert judge.cache is not None
-    assert not list(judge.cache.yield_keys(prefix="tag-batch:"))
+    kept = _kept(server, judge.cache)
+    assert kept.records() == []
+    assert kept.answered(judge.cache_key(*pair) for pair in PAIRS) == set()
+
+
+def _as_the_previous_version_left_it(path: Path) -> None:
+    """Records and answers moved back into the cache's table, as keys; no tables."""
+    with sqlite3.connect(path) as db:
+        jobs = db.execute(
+            "SELECT lane, endpoint, input_file_id, batch_id, custom_ids, created "
+            "FROM batch_jobs"
+        ).fetchall()
+        answers = db.execute("SELECT lane, custom_id, body FROM batch_job_answers")
+        keys = [
+            (
+                f"tag-batch:job:{lane}:{file_id}",
+                json.dumps(
+                    {
+                        "lane": lane,
+                        "endpoint": endpoint,
+                        "file_id": file_id,
+                        "batch_id": batch_id,
+                        "custom_ids": json.loads(ids),
+                        "created": created,
+                    }
+                ),
+            )
+            for lane, endpoint, file_id, batch_id, ids, created in jobs
+        ]
+        keys += [(f"tag-batch:answer:{lane}:{i}", body) for lane, i, body in answers]
+        db.executemany(
+            "INSERT INTO verdicts (key, verdict, created) VALUES (?, ?, 0)", keys
+        )
+        db.execute("DROP TABLE batch_jobs")
+        db.execute("DROP TABLE batch_job_answers")
+
+
+def test_a_run_resumes_what_the_previous_version_recorded_in_the_cache(
+    clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # That version kept records and answers as `tag-batch:` keys of the cache: the
+    # first run of this one moves them into its tables, and pays for nothing again.
+    path = tmp_path / "cache.sqlite"
+    scripts = [BatchScript(), BatchScript(polls=3)]
+    with FakeBatchServer(RuleAwareFakeChatModel(), scripts) as server:
+        earlier = _judge(server, cache=SQLiteVerdictCache(path))
+
+        def killed(*_: Any) -> Any:
+            raise _Killed
+
+        with monkeypatch.context() as patched:  # answers downloaded, not yet read
+            patched.setattr(ApplicabilityJudge, "remember_answers", killed)
+            with pytest.raises(_Killed):
+                judge_in_batch(earlier, PAIRS[:4], settings=_settings(clock))
+        running = judge_in_batch(
+            earlier, PAIRS[4:], settings=_settings(clock, max_wait=0)
+        )
+        assert running.running_batch_ids == ["batch_2"]
+        _as_the_previous_version_left_it(path)
+        cache = SQLiteVerdictCache(path)
+        assert len(list(cache.yield_keys(prefix="tag-batch:answer:"))) == 4
+        judge = _judge(server, cache=cache)
+        report = judge_in_batch(judge, PAIRS, settings=_settings(clock))
+    assert (report.sent, report.from_batch, report.online) == (0, 12, 0)
+    assert report.resumed_batch_ids == ["batch_2"]
+    assert (server.hits["POST /v1/files"], server.hits["POST /v1/batches"]) == (2, 2)
+    assert _cached(judge, PAIRS) == [TRUTH[t, r.rule_id] for t, r in PAIRS]
+    assert not list(cache.yield_keys(prefix="tag-batch:"))
 
 
 # --- usage and callbacks --------------------------------------------------------------
@@ -541,7 +638,7 @@ def test_judges_the_batch_api_cannot_serve_are_refused_clearly(
     with pytest.raises(BatchLaneError, match="cache=None"):
         judge_in_batch(_judge(server, cache=None), PAIRS)
     small = _judge(server, cache=InMemoryVerdictCache(maxsize=5))
-    with pytest.raises(BatchLaneError, match="holds 5 entries, fewer than the 24"):
+    with pytest.raises(BatchLaneError, match="holds 5 entries, fewer than the 12"):
         judge_in_batch(small, PAIRS)
     responses = _judge(server, llm_changes={"use_responses_api": True})
     with pytest.raises(BatchLaneError, match="Responses API"):
@@ -737,13 +834,12 @@ def test_a_malformed_stored_judge_answer_is_judged_online_and_forgotten(
     server: FakeBatchServer, clock: FakeClock
 ) -> None:
     judge = _judge(server)
-    assert judge.cache is not None
-    key = f"tag-batch:answer:judge:{judge.cache_key(*PAIRS[0])}"
-    judge.cache.mset([(key, '{"not": "a chat completion"}')])
+    key = judge.cache_key(*PAIRS[0])
+    _store_answer(judge.cache, "judge", key, '{"not": "a chat completion"}')
     report = judge_in_batch(judge, PAIRS, settings=_settings(clock))
     assert (report.sent, report.from_batch, report.online) == (11, 11, 1)
     assert report.line_failures == {"unreadable": 1}
-    assert judge.cache.mget([key]) == [None]
+    assert _kept(server, judge.cache).answered([key]) == set()
     assert _cached(judge, PAIRS) == [TRUTH[t, r.rule_id] for t, r in PAIRS]
 
 
@@ -756,15 +852,16 @@ def test_a_malformed_stored_execution_answer_is_executed_online_and_forgotten(
     expected, _ = execute_in_batch(
         executor, items, store=store, settings=_settings(clock)
     )
-    key = min(store.yield_keys(prefix="tag-batch:answer:execute:"))
-    store.mset([(key, '{"choices": "none"}')])
+    with sqlite3.connect(store.path) as db:
+        ((key,),) = db.execute("SELECT min(custom_id) FROM batch_job_answers")
+    _store_answer(store, "execute", key, '{"choices": "none"}')
     outputs, report = execute_in_batch(
         executor, items, store=store, settings=_settings(clock)
     )
     assert outputs == expected
     assert (report.cached, report.online) == (3, 1)
     assert report.line_failures == {"unreadable": 1}
-    assert store.mget([key]) == [None]
+    assert _kept(server, store, "execute").answered([key]) == set()
 
 
 def test_execution_answers_are_read_in_slices(
