@@ -337,8 +337,9 @@ class _Run:
                 {"input": item.task_input or item.text, "rules": found},
                 {"callbacks": [execution]},
             )
-            for prompt in task.grading_prompts(item) if grader else ():
-                await grader.ainvoke(prompt, {"callbacks": [grading]})
+            if grader is not None:
+                for prompt in task.grading_prompts(item):
+                    await grader.ainvoke(prompt, {"callbacks": [grading]})
         _, labelled = self.decide()
         picks: Picks = (
             "exact"
