@@ -63,6 +63,8 @@ from langchain_tag._delimiters import escape_delimiters
 from langchain_tag._metering import (
     EXECUTOR_ANSWERS,
     JUDGE_NO_REASON,
+    Answer,
+    Decide,
     MeteringChatModel,
     MeteringDecisionModel,
     executor_answers,
@@ -240,7 +242,7 @@ class _Run:
             **fields,
         )
 
-    def decide(self) -> tuple[Any, Picks]:
+    def decide(self) -> tuple[Decide, Picks]:
         """The stand-in judges' policy: YES for an input's gold rules, as judged.
 
         Rules the labels do not name (chunks judged as rules), inputs they do not
@@ -269,7 +271,7 @@ class _Run:
         """The context with fresh stand-ins: each method's prompt caches start empty."""
         decide, _ = self.decide()
 
-        def chat(answer: Any) -> MeteringChatModel:
+        def chat(answer: Answer) -> MeteringChatModel:
             return MeteringChatModel(
                 answer=answer,
                 counter=self.counter,
@@ -341,11 +343,11 @@ class _Run:
                 for prompt in task.grading_prompts(item):
                     await grader.ainvoke(prompt, {"callbacks": [grading]})
         _, labelled = self.decide()
-        picks: Picks = (
-            "exact"
-            if retrieval.model_calls == 0 or method.family == "oracle"
-            else labelled
-        )
+        picks: Picks = labelled
+        if retrieval.model_calls == 0 or method.family == "oracle":
+            picks = "exact"
+        elif method.units == "chunks":  # no labels for chunks: every one kept
+            picks = "all"
         return _Measured(
             retrieval,
             execution,
