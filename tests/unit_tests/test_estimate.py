@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from langchain_tag.estimate import JUDGE_NO_REASON, estimate_bulk, judge_no
-from langchain_tag.matching import NBA_PROFILE, DecisionJudge
+from langchain_tag.estimate import estimate_bulk
+from langchain_tag.matching import DecisionJudge
 from langchain_tag.settings import MatchSettings
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 from langchain_tag.testing.decisions import RuleAwareFakeDecisionModel
@@ -59,9 +59,3 @@ def test_a_chat_judge_is_counted_call_by_call_as_its_run() -> None:
     assert found.judgments == (len(TEXTS) + 1) * len(RULES)
     assert found.usage.input_tokens
     assert found.usage.output_tokens
-
-
-def test_an_estimated_no_is_in_the_profiles_format() -> None:
-    assert judge_no(NBA_PROFILE, RULES[:1]) == (
-        f'{{"applicable": false, "reason": "{JUDGE_NO_REASON}"}}'
-    )

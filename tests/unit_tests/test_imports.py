@@ -178,7 +178,7 @@ LAYERS = [
         "resources",
         "usage",
     },
-    {"extraction", "matching", "execution"},
+    {"extraction", "matching", "execution", "_metering"},
     {"learning", "batch"},
     {"engine"},
     {"settings", "estimate"},

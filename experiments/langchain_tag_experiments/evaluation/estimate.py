@@ -3,53 +3,42 @@
 `tag eval ... --estimate` prints, per method, the LLM calls (judge, executor and
 grader), the input tokens (and how many of them a provider's prompt cache would
 serve), the output tokens, and the dollars at given prices, list and batch, before
-a single call is paid for. The figures come from the real code, not from a formula:
+a single call is paid for. The figures come from the run's own code: every method
+is built as the run builds it (`Method.build`) and run over the task's inputs as
+the run runs it (retrieval, then the executor), its models replaced by stand-ins
+(`langchain_tag._metering`) that call nothing and report the usage a provider
+would bill for the messages the code really sends: the judge's and the cascade's
+cheap judge's (`MeteringChatModel`), the decision model's (`MeteringDecisionModel`:
+the input once and each question with its criteria, as `OpenAIClassifier` sends
+them, no output tokens), the executor's. The evaluation's counters
+(`CallCounter`) count them as they count a run's, the oracle's look-ups apart.
+Each grader call sends `EvalTask.grading_prompts` to the judge model's stand-in.
 
-- Every method is built as the run builds it (`Method.build`), its judge and
-  executor models replaced by `NoCallChatModel`, a placeholder that refuses to
-  answer (`EstimateModeError`): an estimate that would need a model fails loudly
-  instead of spending anything.
-- Whatever needs no model runs for real: prefilters (similarity and learned, so
-  each input's shortlist is the one the run would judge), chunk and rule
-  similarity retrieval, and the methods that select without a model (their
-  executor prompts are then exact).
-- Each judge call is rendered with the judge's own prompt (`messages`, or
-  `batch_messages` for the rules-per-call methods, split into calls by the
-  judge's own `call_units`); each decision request (`DecisionJudge`: an input's
-  candidate rules not cached, `questions_per_request` a request) with the judge's
-  own questions (`question`), as `OpenAIClassifier` sends them: the input once
-  and each question with its criteria appended. Each LLMChainFilter call with
-  LangChain's filter prompt,
-  each executor call with `ActionOnlyExecutor.messages`, each grader call with
-  `EvalTask.grading_prompts`; their tokens are counted (`token_counter`).
+The stand-in judge answers YES for an input's gold rules and NO for the others,
+so the executor sees what a judge agreeing with the gold labels would pick; where
+the labels cannot tell (a task without them, judgments of chunks, LangChain's
+LLMChainFilter) it answers YES: every candidate stands for the picks, an upper
+bound. It reports no logprobs, so the cascade escalates every pair to its strong
+judge: an upper bound too.
 
 Exact, when every call succeeds at its first attempt and answers in the format
 asked: the calls of every method except the cascade, and the input tokens of the
-prompts rendered for them (to the tokenizer's accuracy: cl100k_base, or about 4
-characters a token without tiktoken). Estimated: the cascade's strong-stage calls
-(an upper bound: every pair, though it only sees those the cheap judge does not
-reject), output tokens (a judge's NO, a typical answer per execution template, a
-short grader verdict), and the executor's prompt for methods that select with a
-model: what they select is unknown before judging, so they are assumed to select
-the input's gold rules among those judged (all of them without gold labels, an
-upper bound). The oracle is no model: its answers are counted as look-ups, as
-the harness counts them, not as calls; the chat oracle's cost no tokens and no
-dollars, while the decision oracle's requests count (and price) the input tokens
-a decision model would be sent, as the harness reports them. A decision request
-is billed for its input tokens only: no output tokens, and no overhead for the
-request's framing (none is known).
+prompts sent (to the tokenizer's accuracy: cl100k_base, or about 4 characters a
+token without tiktoken). Estimated: output tokens (a judge's verdict, a typical
+answer per execution template, a short grader verdict), and the executor's prompt
+for methods that select with a model (see above). The oracle is no model: its
+answers are look-ups, as the harness counts them; the chat oracle's cost no
+tokens, the decision oracle's count (and price) the input tokens a decision model
+would be sent.
 
 Cached input tokens are an estimate under a model of the provider's prompt cache
 (`PromptCaching`, OpenAI's automatic caching by default): each request reads the
 longest prefix it shares with an earlier request to the same model, in 128-token
 steps once it reaches 1,024 tokens, except from the requests still in flight (as
-many as the run's `max_concurrency`), and entries last the run
-(`SimulatedPromptCache`). TAG's judge prompts put the instructions and the input
-before the rule, so the judgments of an input after the first wave share most of
-their prompt. Decision requests are counted with none cached: they send the input
-first, but how a decision API caches is not modelled. Dollars are priced by
-`TokenPrices.cost`: cached input tokens at the cached-input price, and at batch
-prices (every price less the batch discount).
+many as the run's `max_concurrency`), and entries last the method's run
+(`SimulatedPromptCache`). Decision requests are counted with none cached. Dollars
+are priced by `TokenPrices.cost`: cached input tokens at the cached-input price,
+and at batch prices (every price less the batch discount).
 
 Not counted: retries after errors, rules a batched answer left out (judged
 again alone), questions a decision model refuses (the rest asked again),
@@ -61,52 +50,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from langchain_core.callbacks import (
-    AsyncCallbackManagerForLLMRun,
-    CallbackManagerForLLMRun,
-)
-from langchain_core.decisions import (
-    BaseDecisionModel,
-    ClassifierResponse,
-    Question,
-    State,
-)
-from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import BaseMessage
-from langchain_core.outputs import ChatResult
-from langchain_core.prompts import BasePromptTemplate
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnableBinding, RunnableSequence
 from pydantic import BaseModel, Field, model_validator
 
-from langchain_tag.engine import rule_document
-from langchain_tag.errors import TAGError
-from langchain_tag.estimate import (
-    DECISION_NOTE,
+from langchain_tag._delimiters import escape_delimiters
+from langchain_tag._metering import (
     EXECUTOR_ANSWERS,
     JUDGE_NO_REASON,
-    Cost,
-    Meter,
-    decision_cost,
-    executor_answer,
-    judge_cost,
+    Answer,
+    Decide,
+    MeteringChatModel,
+    MeteringDecisionModel,
+    executor_answers,
+    judge_answers,
+    run_to_end,
 )
+from langchain_tag.estimate import DECISION_MODEL, DECISION_NOTE
 from langchain_tag.execution import ActionOnlyExecutor
-from langchain_tag.matching import (
-    ApplicabilityJudge,
-    BaseJudge,
-    CascadeJudge,
-    DecisionJudge,
-)
-from langchain_tag.retrievers import TAGRetriever
-from langchain_tag.rules import Rule
 from langchain_tag.usage import (  # the counter is re-exported from here too
     APPROXIMATE_CHARS_PER_TOKEN,
     DEFAULT_CACHING,
@@ -120,14 +86,10 @@ from langchain_tag.usage import (  # the counter is re-exported from here too
     format_usd,
     token_counter,
 )
-from langchain_tag_experiments.baselines import ChunkApplicabilityRetriever
 from langchain_tag_experiments.evaluation.methods import Method, MethodContext
-from langchain_tag_experiments.evaluation.oracle import (
-    OracleChatModel,
-    OracleDecisionModel,
-)
 from langchain_tag_experiments.evaluation.runner import method_context
-from langchain_tag_experiments.evaluation.tasks import EvalItem, EvalTask, TaskName
+from langchain_tag_experiments.evaluation.tasks import EvalTask, TaskName
+from langchain_tag_experiments.evaluation.usage import CallCounter
 
 __all__ = [
     "APPROXIMATE_CHARS_PER_TOKEN",
@@ -138,10 +100,7 @@ __all__ = [
     "MESSAGE_OVERHEAD",
     "OFFLINE_ENCODING",
     "REPLY_OVERHEAD",
-    "EstimateModeError",
     "MethodEstimate",
-    "NoCallChatModel",
-    "NoCallDecisionModel",
     "TokenCounter",
     "estimate_methods",
     "estimate_table",
@@ -160,80 +119,6 @@ GRADER_ANSWER = json.dumps(
 )
 """A grader's answer, as its output tokens are estimated: a verdict, a reason and
 four scores."""
-
-
-# --- The placeholder model ------------------------------------------------------------
-
-
-class EstimateModeError(TAGError, RuntimeError):
-    """A model was asked to answer while estimating, which calls no model."""
-
-
-def _refusal(role: str) -> str:
-    """What a placeholder says when it is asked to answer."""
-    return (
-        f"estimate mode calls no model: the {role} placeholder was asked to "
-        "answer. The estimate walks the methods it knows without calling their "
-        "models; this one calls a model in a way it does not know."
-    )
-
-
-class NoCallChatModel(BaseChatModel):
-    """Stands in for the judge and executor models of an estimate; never answers.
-
-    Methods are built with it where the run has a model, so they are built exactly
-    as the run builds them; any call raises `EstimateModeError`. It has the
-    options the judges set on their copy of the model (`temperature`, `logprobs`,
-    `top_logprobs`), so the cascade's cheap judge can be built with it too.
-    """
-
-    role: str = "model"
-    """Which model it stands for, for the error message."""
-    temperature: float | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-
-    @property
-    def _llm_type(self) -> str:
-        return "tag-estimate-placeholder"
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        raise EstimateModeError(_refusal(self.role))
-
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        raise EstimateModeError(_refusal(self.role))
-
-
-class NoCallDecisionModel(BaseDecisionModel):
-    """Stands in for the decision model of an estimate; never answers.
-
-    `tag-decision` is built with it as the run builds it with its decision model;
-    any request raises `EstimateModeError`.
-    """
-
-    model: str = "tag-estimate-placeholder"
-
-    @property
-    def _provider(self) -> str:
-        return "tag-estimate-placeholder"
-
-    def _classify(
-        self, state: State, questions: dict[str, Question]
-    ) -> ClassifierResponse:
-        msg = _refusal("decision model")
-        raise EstimateModeError(msg)
 
 
 # --- The estimate of one method -------------------------------------------------------
@@ -311,208 +196,24 @@ class MethodEstimate(BaseModel):
         )
 
 
-Known = Literal["exact", "gold", "all", "failed"]
-"""How the executor's units of an input are known: retrieved for real, assumed
-from the gold rules, assumed to be every candidate (an upper bound), or none (the
-retrieval would fail)."""
+Picks = Literal["exact", "gold", "all"]
+"""How the executor's units are known: retrieved with no model choosing (or the
+oracle), a judge agreeing with the gold labels, or every candidate (an upper
+bound: the labels cannot tell)."""
 
 
 @dataclass
-class _Retrieval:
-    cost: Cost = field(default_factory=Cost)
-    units: list[Document] = field(default_factory=list)
-    known: Known = "exact"
+class _Measured:
+    """One method run on stand-ins: its counters and what the notes need."""
 
-
-class _CannotEstimateError(TAGError):
-    """A retriever or judge the estimate does not know how to walk."""
-
-
-class _Walker:
-    """Walks one built method over the inputs: calls and tokens of its retrieval.
-
-    Keeps what each judge's verdict cache would hold, so a pair judged for an
-    earlier input with the same text costs nothing again (as in the run, up to
-    inputs judged concurrently).
-    """
-
-    def __init__(self, task: EvalTask, meter: Meter) -> None:
-        self.task = task
-        self.meter = meter
-        self.gold = task.gold_rules()
-        self.cached: dict[int, set[str]] = {}
-        self.repeats = 0
-
-    # -- judges ----------------------------------------------------------------------
-
-    def _first_time(
-        self, judge: ApplicabilityJudge | DecisionJudge, text: str, rule: Rule
-    ) -> bool:
-        if judge.cache is None:
-            return True
-        seen = self.cached.setdefault(id(judge), set())
-        key = judge.cache_key(text, rule)
-        if key in seen:
-            self.repeats += 1
-            return False
-        seen.add(key)
-        return True
-
-    def _applicability(
-        self,
-        judge: ApplicabilityJudge,
-        text: str,
-        rules: Sequence[Rule],
-        *,
-        bounded: bool = False,
-    ) -> Cost:
-        return judge_cost(
-            self.meter,
-            judge,
-            text,
-            rules,
-            lambda rule: self._first_time(judge, text, rule),
-            bounded=bounded,
-            lookup=isinstance(judge.llm, OracleChatModel),
-        )
-
-    def judge(self, judge: BaseJudge, text: str, rules: Sequence[Rule]) -> Cost:
-        """Calls and tokens of judging `rules` against `text`."""
-        if isinstance(judge, ApplicabilityJudge):
-            return self._applicability(judge, text, rules)
-        if isinstance(judge, DecisionJudge):
-            return decision_cost(
-                self.meter.counter,
-                judge,
-                text,
-                rules,
-                lambda rule: self._first_time(judge, text, rule),
-                lookup=isinstance(judge.model, OracleDecisionModel),
-            )
-        if isinstance(judge, CascadeJudge):
-            cost = self._applicability(judge.cheap, text, rules)
-            # Upper bound: the strong judge sees only the pairs the cheap one does
-            # not reject confidently, which only its logprobs would tell.
-            cost.add(self._applicability(judge.strong, text, rules, bounded=True))
-            return cost
-        msg = (
-            f"a {type(judge).__name__} judge (only applicability, decision and "
-            "cascade judges)"
-        )
-        raise _CannotEstimateError(msg)
-
-    # -- retrievers ------------------------------------------------------------------
-
-    def retrieve(self, retriever: BaseRetriever, item: EvalItem) -> _Retrieval:
-        """What `retriever` costs for `item`, and the units it would give."""
-        if isinstance(retriever, TAGRetriever):
-            return self._tag(retriever, item)
-        if isinstance(retriever, ChunkApplicabilityRetriever):
-            return self._tag(retriever.tag_retriever, item, chunks=retriever.chunks)
-        if (filtered := self._chain_filter(retriever, item)) is not None:
-            return filtered
-        # Selects without a model (the placeholder refuses any call): run it.
-        return _Retrieval(units=list(retriever.invoke(item.text)))
-
-    def _tag(
-        self,
-        tag: TAGRetriever,
-        item: EvalItem,
-        *,
-        chunks: Sequence[Document] | None = None,
-    ) -> _Retrieval:
-        # The retriever's own steps, so the shortlist is exactly the run's.
-        plan = tag.engine.plan(item.text, tag.rulebook.rules, tag.options())
-        candidates = plan.candidates
-        cost = self.judge(tag.judge, item.text, candidates)
-        chosen, known = self._selected(tag, item, candidates, chunks=chunks is not None)
-        if tag.k is not None:
-            chosen = chosen[: tag.k]
-        if chunks is None:
-            units = [rule_document(rule) for rule in chosen]
-        else:
-            units = [chunks[tag.rulebook.position(rule.rule_id)] for rule in chosen]
-        return _Retrieval(cost, units, known)
-
-    def _selected(
-        self, tag: TAGRetriever, item: EvalItem, candidates: list[Rule], *, chunks: bool
-    ) -> tuple[list[Rule], Known]:
-        """The candidates the judge would pick: known for the oracle, else assumed.
-
-        In rulebook order, as unscored verdicts are returned.
-        """
-        oracle = _oracle_gold(tag.judge)
-        if oracle is not None:
-            gold = oracle.get(item.text, frozenset())
-            return [rule for rule in candidates if rule.rule_id in gold], "exact"
-        if self.gold is not None and not chunks:
-            gold = self.gold.get(item.id, frozenset())
-            return [rule for rule in candidates if rule.rule_id in gold], "gold"
-        return candidates, "all"
-
-    def _chain_filter(
-        self, retriever: BaseRetriever, item: EvalItem
-    ) -> _Retrieval | None:
-        """LangChain's LLMChainFilter over a base retriever: one call per document."""
-        # Imported here, as the method builder does: a slow import.
-        from langchain_classic.retrievers import (  # noqa: PLC0415
-            ContextualCompressionRetriever,
-        )
-        from langchain_classic.retrievers.document_compressors import (  # noqa: PLC0415
-            LLMChainFilter,
-        )
-
-        if not isinstance(retriever, ContextualCompressionRetriever):
-            return None
-        compressor = retriever.base_compressor
-        if not isinstance(compressor, LLMChainFilter):
-            msg = f"a {type(compressor).__name__} compressor (only LLMChainFilter)"
-            raise _CannotEstimateError(msg)
-        prompt = _first_prompt(compressor.llm_chain)
-        documents = list(retriever.base_retriever.invoke(item.text))
-        cost = Cost()
-        for document in documents:
-            rendered = prompt.invoke(compressor.get_input(item.text, document))
-            cost.add(self.meter.request("judge", rendered.to_messages(), "NO"))
-        return _Retrieval(cost, documents, "all")
-
-
-def _oracle_gold(judge: BaseJudge) -> Mapping[str, AbstractSet[str]] | None:
-    """The gold labels an oracle judge answers from; None for another judge."""
-    if isinstance(judge, ApplicabilityJudge) and isinstance(judge.llm, OracleChatModel):
-        return judge.llm.gold
-    if isinstance(judge, DecisionJudge) and isinstance(
-        judge.model, OracleDecisionModel
-    ):
-        return judge.model.gold
-    return None
-
-
-def _retrieve(
-    walker: _Walker, retriever: BaseRetriever, item: EvalItem, failed: list[str]
-) -> _Retrieval:
-    """`walker.retrieve`; a retrieval the run would see fail is recorded in `failed`."""
-    try:
-        return walker.retrieve(retriever, item)
-    except (_CannotEstimateError, EstimateModeError):
-        raise
-    except Exception as error:  # noqa: BLE001 - the run records it the same way
-        failed.append(f"{item.id}: {type(error).__name__}: {error}")
-        return _Retrieval(known="failed")
-
-
-def _first_prompt(chain: Runnable[Any, Any]) -> BasePromptTemplate[Any]:
-    """The prompt template a `prompt | llm | parser` chain starts with."""
-    while isinstance(chain, RunnableBinding):
-        chain = chain.bound
-    first = chain.first if isinstance(chain, RunnableSequence) else chain
-    if not isinstance(first, BasePromptTemplate):
-        msg = "an LLMChainFilter whose chain does not start with a prompt template"
-        raise _CannotEstimateError(msg)
-    return first
-
-
-# --- Estimating methods ---------------------------------------------------------------
+    retrieval: CallCounter
+    execution: CallCounter
+    grading: CallCounter
+    n: int
+    failed: list[str]
+    repeats: int
+    picks: Picks
+    mean_units: float | None
 
 
 @dataclass
@@ -520,7 +221,9 @@ class _Run:
     """What every method's estimate shares: the task, the models the run has."""
 
     context: MethodContext
-    executor: ActionOnlyExecutor | None
+    executor: bool
+    decision: bool
+    cheap_judge: bool
     counter: TokenCounter
     prices: TokenPrices | None
     caching: PromptCaching | None
@@ -539,64 +242,155 @@ class _Run:
             **fields,
         )
 
-    def estimate(self, method: Method) -> tuple[MethodEstimate, list[_Retrieval]]:
-        reason = self.context.unavailable(method)
+    def decide(self) -> tuple[Decide, Picks]:
+        """The stand-in judges' policy: YES for an input's gold rules, as judged.
+
+        Rules the labels do not name (chunks judged as rules), inputs they do not
+        hold, and a task without labels get YES: an upper bound.
+        """
+        gold = self.task.gold_rules()
+        if gold is None:
+            return (lambda _text, _rule: True), "all"
+        by_text: dict[str, AbstractSet[str]] = {}
+        for item in self.task.items:
+            ids = gold.get(item.id, frozenset())
+            by_text[item.text] = by_text[escape_delimiters(item.text)] = ids
+        named = (
+            {r.rule_id for r in self.task.rulebook.rules}
+            if self.task.rulebook
+            else set()
+        )
+
+        def applies(text: str, rule_id: str) -> bool:
+            ids = by_text.get(text)
+            return ids is None or rule_id not in named or rule_id in ids
+
+        return applies, "gold"
+
+    def models(self) -> MethodContext:
+        """The context with fresh stand-ins: each method's prompt caches start empty."""
+        decide, _ = self.decide()
+
+        def chat(answer: Answer) -> MeteringChatModel:
+            return MeteringChatModel(
+                answer=answer,
+                counter=self.counter,
+                caching=self.caching,
+                in_flight=self.context.max_concurrency,
+            )
+
+        judge = chat(judge_answers(decide)) if self.context.judge_model else None
+        return dataclasses.replace(
+            self.context,
+            judge_model=judge,
+            cheap_judge_model=chat(judge_answers(decide)) if self.cheap_judge else None,
+            decision_model=MeteringDecisionModel(
+                model=DECISION_MODEL, decide=decide, counter=self.counter
+            )
+            if self.decision
+            else None,
+        )
+
+    async def measure(
+        self, method: Method, retriever: BaseRetriever, context: MethodContext
+    ) -> _Measured:
+        """Run `method` over the task's inputs as the run does, on the stand-ins."""
+        task = self.task
+        judge = context.judge_model
+        executor = (
+            ActionOnlyExecutor(
+                llm=MeteringChatModel(
+                    answer=executor_answers(task.template),
+                    counter=self.counter,
+                    caching=self.caching,
+                    in_flight=context.max_concurrency,
+                ),
+                template=task.template,
+            )
+            if self.executor and task.template is not None
+            else None
+        )
+        # The run's grading model is its judge model: its prompt cache too.
+        grader = (
+            judge.answering(lambda _messages: GRADER_ANSWER)
+            if isinstance(judge, MeteringChatModel)
+            else None
+        )
+        retrieval, execution, grading = CallCounter(), CallCounter(), CallCounter()
+        failed: list[str] = []
+        units: list[int] = []
+        seen: set[str] = set()
+        repeats = 0
+        # One input at a time: a repeated input finds its verdicts cached.
+        for item in task.items:
+            repeats += item.text in seen
+            seen.add(item.text)
+            try:
+                found = await retriever.ainvoke(
+                    item.text, {"callbacks": [retrieval], "run_name": method.name}
+                )
+            except Exception as error:  # noqa: BLE001 - the run records it so
+                failed.append(f"{item.id}: {type(error).__name__}: {error}")
+                continue
+            units.append(len(found))
+            if executor is None:
+                continue
+            await executor.ainvoke(
+                {"input": item.task_input or item.text, "rules": found},
+                {"callbacks": [execution]},
+            )
+            if grader is not None:
+                for prompt in task.grading_prompts(item):
+                    await grader.ainvoke(prompt, {"callbacks": [grading]})
+        _, labelled = self.decide()
+        picks: Picks = labelled
+        if retrieval.model_calls == 0 or method.family == "oracle":
+            picks = "exact"
+        elif method.units == "chunks":  # no labels for chunks: every one kept
+            picks = "all"
+        return _Measured(
+            retrieval,
+            execution,
+            grading,
+            len(task.items),
+            failed,
+            repeats,
+            picks,
+            sum(units) / len(units) if units else None,
+        )
+
+    def estimate(self, method: Method) -> tuple[MethodEstimate, _Measured | None]:
+        context = self.models()
+        reason = context.unavailable(method)
         if reason is not None:
-            return self.row(method, status="skipped", skip_reason=reason), []
+            return self.row(method, status="skipped", skip_reason=reason), None
         try:
-            retriever = method.build(self.context)
+            retriever = method.build(context)
         except Exception as error:  # noqa: BLE001 - the run skips it the same way
             reason = f"could not be built: {error}"
-            return self.row(method, status="skipped", skip_reason=reason), []
-        # Calls in flight have not reached the provider's cache yet.
-        meter = Meter(self.counter, self.caching, self.context.max_concurrency)
-        walker = _Walker(self.task, meter)
-        failed: list[str] = []
-        try:
-            retrievals = [
-                _retrieve(walker, retriever, item, failed) for item in self.task.items
-            ]
-        except _CannotEstimateError as error:
-            reason = f"cannot be estimated: it uses {error}"
-            return self.row(method, status="skipped", skip_reason=reason), []
-        except EstimateModeError as error:
-            reason = f"cannot be estimated without calling a model ({error})"
-            return self.row(method, status="skipped", skip_reason=reason), []
-        tally = self._tally(method, meter, retrievals, failed, walker.repeats)
-        return tally, retrievals
+            return self.row(method, status="skipped", skip_reason=reason), None
+        measured = run_to_end(self.measure(method, retriever, context))
+        return self._tally(method, measured), measured
 
-    def _tally(
-        self,
-        method: Method,
-        meter: Meter,
-        retrievals: Sequence[_Retrieval],
-        failed: Sequence[str],
-        repeats: int,
-    ) -> MethodEstimate:
-        retrieval, execution, grading = Cost(), Cost(), Cost()
-        for item, found in zip(self.task.items, retrievals, strict=True):
-            retrieval.add(found.cost)
-            if self.executor is not None and found.known != "failed":
-                execution.add(self._execute(meter, item, found.units))
-                grading.add(self._grade(meter, item))
-        notes = self._notes(method, retrievals, retrieval, failed, repeats)
-        exact_judge = not (retrieval.bounded_calls or failed or repeats)
-        total = Cost()
-        for cost in (retrieval, execution, grading):
-            total.add(cost)
+    def _tally(self, method: Method, measured: _Measured) -> MethodEstimate:
+        retrieval, execution = measured.retrieval, measured.execution
+        usage = retrieval.usage + execution.usage + measured.grading.usage
+        bounded = retrieval.model_calls if method.family == "cascade" else 0
+        exact_judge = not (bounded or measured.failed or measured.repeats)
+        notes = self._notes(method, measured, bounded)
         row = self.row(
             method,
-            n=len(retrievals),
-            judge_calls=retrieval.calls,
-            oracle_lookups=retrieval.lookups,
-            executor_calls=execution.calls,
-            grader_calls=grading.calls,
-            input_tokens=total.input_tokens,
-            cached_input_tokens=total.cached_input_tokens,
-            output_tokens=total.output_tokens,
+            n=measured.n,
+            judge_calls=retrieval.model_calls,
+            oracle_lookups=retrieval.oracle_calls,
+            executor_calls=execution.model_calls,
+            grader_calls=measured.grading.calls,
+            input_tokens=usage.input_tokens or 0,
+            cached_input_tokens=usage.cached_input_tokens or 0,
+            output_tokens=usage.output_tokens or 0,
             exact_judge_calls=exact_judge,
             # Graders may skip an answer (NPOV's pass-through guard): a bound.
-            exact_calls=exact_judge and not grading.calls,
+            exact_calls=exact_judge and not measured.grading.calls,
             notes=notes,
         )
         if self.prices is not None:
@@ -604,31 +398,7 @@ class _Run:
             row.batch_dollars = self.prices.cost(row.usage, batch=True)
         return row
 
-    def _execute(self, meter: Meter, item: EvalItem, units: Sequence[Document]) -> Cost:
-        if self.executor is None:
-            return Cost()
-        text = item.task_input or item.text
-        return meter.request(
-            "executor",
-            self.executor.messages(text, units),
-            executor_answer(self.executor.template.name, text),
-        )
-
-    def _grade(self, meter: Meter, item: EvalItem) -> Cost:
-        cost = Cost()
-        for prompt in self.task.grading_prompts(item):
-            # The run's grading model is its judge model.
-            cost.add(meter.request("judge", prompt, GRADER_ANSWER))
-        return cost
-
-    def _notes(
-        self,
-        method: Method,
-        retrievals: Sequence[_Retrieval],
-        retrieval: Cost,
-        failed: Sequence[str],
-        repeats: int,
-    ) -> list[str]:
+    def _notes(self, method: Method, measured: _Measured, bounded: int) -> list[str]:
         notes = []
         if method.explain is not None:
             notes.append(method.explain(self.context))
@@ -637,31 +407,30 @@ class _Run:
                     "TAG's picks are unknown before judging (no gold labels): k is "
                     "taken as if TAG had not run"
                 )
-        if retrieval.bounded_calls:
+        if bounded:
             notes.append(
-                f"upper bound: {retrieval.bounded_calls:,} strong-judge calls counted "
-                "for every pair; the cascade escalates only what its cheap judge "
-                "does not reject confidently"
+                f"upper bound: {bounded:,} calls, the cascade's strong judge counted "
+                "for every pair; it escalates only what its cheap judge does not "
+                "reject confidently"
             )
-        notes += _judging_notes(retrieval)
-        if repeats:
+        notes += _judging_notes(measured.retrieval)
+        if measured.repeats:
             notes.append(
-                f"{repeats:,} judgments repeat an earlier input's: counted as cached "
-                "(inputs judged concurrently may pay them again)"
+                f"{measured.repeats:,} inputs repeat an earlier one: their judgments "
+                "counted as cached (inputs judged concurrently may pay them again)"
             )
-        if failed:
+        if measured.failed:
             notes.append(
-                f"{len(failed)} inputs' retrieval would fail (counted without calls), "
-                f"e.g. {failed[0]}"
+                f"{len(measured.failed)} inputs' retrieval would fail (counted "
+                f"without calls), e.g. {measured.failed[0]}"
             )
-        if self.executor is not None:
-            known = {found.known for found in retrievals}
-            if "gold" in known:
+        if self.executor and measured.execution.calls:
+            if measured.picks == "gold":
                 notes.append(
                     "executor prompts estimated: the gold rules among those judged "
                     "stand for the judge's picks"
                 )
-            if "all" in known:
+            elif measured.picks == "all":
                 notes.append(
                     "executor prompts an upper bound: every candidate stands for "
                     "the model's picks"
@@ -669,31 +438,25 @@ class _Run:
         return notes
 
 
-def _judging_notes(retrieval: Cost) -> list[str]:
+def _judging_notes(retrieval: CallCounter) -> list[str]:
     """What the oracle's look-ups and a decision model's requests count."""
     notes = []
-    if retrieval.lookups and retrieval.decision_requests:
+    decided = DECISION_MODEL in retrieval.usage_metadata
+    oracle_decisions = retrieval.oracle_calls and retrieval.reported
+    if retrieval.oracle_calls and oracle_decisions and not retrieval.model_calls:
         notes.append(
-            f"{retrieval.lookups:,} oracle look-ups: decision requests answered "
+            f"{retrieval.oracle_calls:,} oracle look-ups: decision requests answered "
             "from the gold labels, not LLM calls; their input tokens are what a "
             "decision model would be sent, priced as such"
         )
-    elif retrieval.lookups:
+    elif retrieval.oracle_calls:
         notes.append(
-            f"{retrieval.lookups:,} oracle look-ups: answered from the gold "
+            f"{retrieval.oracle_calls:,} oracle look-ups: answered from the gold "
             "labels, not LLM calls: no tokens, $0"
         )
-    if retrieval.decision_requests:
+    if decided or oracle_decisions:
         notes.append(DECISION_NOTE)
     return notes
-
-
-def _tag_mean_picks(retrievals: Sequence[_Retrieval]) -> float | None:
-    """TAG's mean picks as estimated; None unless known or assumed from gold."""
-    counted = [found for found in retrievals if found.known != "failed"]
-    if not counted or any(found.known == "all" for found in counted):
-        return None  # every candidate is a bound, not TAG's picks
-    return sum(len(found.units) for found in counted) / len(counted)
 
 
 def estimate_methods(
@@ -738,41 +501,47 @@ def estimate_methods(
         One row per method, skipped ones with the reason, as the run would skip
         them.
     """
-    placeholder = NoCallChatModel(role="judge") if judge else None
+    counter = token_counter()
     # The run's own context: the task's grading model is the judge model there.
     context = method_context(
         task,
         embeddings=embeddings,
-        judge_model=placeholder,
-        cheap_judge_model=NoCallChatModel(role="cheap judge") if cheap_judge else None,
-        decision_model=NoCallDecisionModel() if decision else None,
+        judge_model=MeteringChatModel(
+            answer=judge_answers(lambda _text, _rule: False), counter=counter
+        )
+        if judge
+        else None,
         max_concurrency=max_concurrency,
         rules_sim_k=rules_sim_k,
     )
     run = _Run(
         context,
-        ActionOnlyExecutor(llm=NoCallChatModel(role="executor"), template=task.template)
-        if executor and task.template is not None
-        else None,
-        token_counter(),
-        prices,
-        caching,
+        executor=executor,
+        decision=decision,
+        cheap_judge=cheap_judge,
+        counter=counter,
+        prices=prices,
+        caching=caching,
     )
     estimates = []
     for method in methods:
-        estimate, retrievals = run.estimate(method)
+        estimate, measured = run.estimate(method)
         estimates.append(estimate)
-        if method.name == "tag" and estimate.status == "ok":
+        if method.name == "tag" and measured is not None:
             # As the run does: rules+similarity's k is TAG's mean picks, here the
             # estimated ones (the gold rules judged); unknown without gold labels.
-            picks = _tag_mean_picks(retrievals)
+            known = measured.picks != "all" and measured.mean_units is not None
             run.context = dataclasses.replace(
                 run.context,
-                tag_picks=None
-                if picks is None
-                else (picks, len(retrievals), estimate.n),
+                tag_picks=(
+                    measured.mean_units,
+                    measured.n - len(measured.failed),
+                    estimate.n,
+                )
+                if known
+                else None,
             )
-            run.tag_picks_unknown = picks is None
+            run.tag_picks_unknown = not known
     return estimates
 
 

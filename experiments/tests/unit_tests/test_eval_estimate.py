@@ -20,8 +20,8 @@ import pytest
 from langchain_core.callbacks import (
     AsyncCallbackManagerForLLMRun,
     CallbackManagerForLLMRun,
+    CallbackManagerForRetrieverRun,
 )
-from langchain_core.decisions import ClassifierRequest
 from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatResult
@@ -29,10 +29,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig
 from langchain_tag_experiments.evaluation.estimate import (
     JUDGE_NO_REASON,
-    EstimateModeError,
     MethodEstimate,
-    NoCallChatModel,
-    NoCallDecisionModel,
     estimate_methods,
     estimate_table,
     token_counter,
@@ -434,7 +431,7 @@ async def test_decision_estimate_equals_a_fake_decision_run(
 def test_a_decision_request_costs_its_input_once_and_each_question() -> None:
     task = tiny_task(TEXTS[:1])
     [found] = estimate(task, ["tag-decision"], executor=False, decision=True)
-    judge = DecisionJudge(model=NoCallDecisionModel())
+    judge = DecisionJudge(model=RuleAwareFakeDecisionModel())
     expected = COUNTER.count(task.items[0].text)
     for rule in RULEBOOK.rules:
         # As OpenAIClassifier sends a Noul: its criteria appended as text.
@@ -462,15 +459,6 @@ def test_without_a_decision_model_tag_decision_is_skipped() -> None:
     assert found["oracle-decision"].status == "ok"
 
 
-async def test_the_decision_placeholder_refuses_every_request() -> None:
-    question = DecisionJudge(model=NoCallDecisionModel()).question(RULEBOOK.rules[0])
-    request: ClassifierRequest = {"state": TEXTS[0][0], "questions": {"R-1": question}}
-    with pytest.raises(EstimateModeError, match="decision model placeholder"):
-        NoCallDecisionModel().invoke(request)
-    with pytest.raises(EstimateModeError, match="decision model placeholder"):
-        await NoCallDecisionModel().ainvoke(request)
-
-
 # --- Pieces -----------------------------------------------------------------------
 
 
@@ -488,7 +476,7 @@ def test_one_judge_call_costs_its_rendered_messages(
     task = tiny_task([("Team A makes a sign-and-trade.", set())], profile=profile)
     task.rulebook = Rulebook.from_rules([rule])
     [found] = estimate(task, ["tag"], executor=False)
-    judge = ApplicabilityJudge(llm=NoCallChatModel(), profile=profile)
+    judge = ApplicabilityJudge(llm=RuleAwareFakeChatModel(), profile=profile)
     messages = judge.messages(task.items[0].text, rule)
     assert found.judge_calls == found.calls == 1
     assert found.input_tokens == COUNTER.messages(messages)
@@ -499,40 +487,34 @@ def test_one_judge_call_costs_its_rendered_messages(
     assert found.token_counter == COUNTER.name
 
 
-def test_the_placeholder_refuses_every_call() -> None:
-    model = NoCallChatModel(role="judge")
-    with pytest.raises(EstimateModeError, match="estimate mode calls no model"):
-        model.invoke("hello")
-
-
-async def test_the_placeholder_refuses_async_calls_too() -> None:
-    with pytest.raises(EstimateModeError, match="judge placeholder"):
-        await NoCallChatModel(role="judge").ainvoke("hello")
-
-
 class AsksTheJudge(BaseRetriever):
-    """A retriever the estimate does not know: it calls its model."""
+    """A retriever no estimate was written for: it asks the judge model itself."""
 
     context: MethodContext
 
-    def _get_relevant_documents(self, query: str, **kwargs: Any) -> list[Document]:
-        self.context.judge().invoke(query)
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        self.context.judge().invoke(query, {"callbacks": run_manager.get_child()})
         return []
 
 
-def test_a_method_that_would_call_a_model_unknown_is_skipped_loudly() -> None:
+def test_a_method_no_estimate_knows_is_estimated_by_running_it() -> None:
+    # No walker to teach: the method runs on the stand-ins, its calls counted.
     method = Method("mystery", "tag", "rules", lambda c: AsksTheJudge(context=c))
     [found] = estimate_methods(
         tiny_task(),
         [method],
         judge=True,
         cheap_judge=False,
-        executor=True,
+        executor=False,
         embeddings=HashingFakeEmbeddings(),
     )
-    assert found.status == "skipped"
-    assert "estimate mode calls no model" in (found.skip_reason or "")
-    assert found.calls == 0
+    assert found.status == "ok"
+    assert found.judge_calls == found.calls == len(TEXTS)
+    assert found.input_tokens == sum(
+        COUNTER.messages([HumanMessage(text)]) for text, _ in TEXTS
+    )
 
 
 def test_dollars_follow_the_prices_list_and_batch() -> None:
@@ -589,7 +571,7 @@ def test_an_inputs_judgments_read_their_shared_prefix() -> None:
     [one] = estimate(
         task, ["tag"], executor=False, caching=SHORT_PREFIXES, max_concurrency=1
     )
-    judge = ApplicabilityJudge(llm=NoCallChatModel())
+    judge = ApplicabilityJudge(llm=RuleAwareFakeChatModel())
     prompts = [
         [judge.messages(item.text, rule) for rule in RULEBOOK.rules]
         for item in task.items
