@@ -43,7 +43,6 @@ __all__ = [
     "InMemoryVerdictCache",
     "PostgresVerdictCache",
     "SQLiteVerdictCache",
-    "StoreLocationError",
     "open_verdict_cache",
 ]
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
+    "BatchFailedError",
+    "BatchLaneError",
     "BulkInputError",
     "BulkJobMismatchError",
     "BulkOutputBusyError",
@@ -399,3 +401,28 @@ class MissingVerdictLogError(TAGError, LookupError):
 
 class VerdictLogWarning(UserWarning):
     """The verdict log could not be written; its records are kept in memory."""
+
+
+class BatchFailedError(TAGError, RuntimeError):
+    """A batch failed the provider's validation: none of its requests was run.
+
+    The other batches' answers were stored first (a later call reads them);
+    `errors` holds the provider's reasons, `report` what this call did (a
+    `langchain_tag.batch.BatchReport`).
+    """
+
+    def __init__(self, errors: Sequence[str], report: Any) -> None:
+        """Name the reasons the provider gave."""
+        self.errors = list(errors)
+        self.report = report
+        shown = "; ".join(self.errors[:5]) + (" ..." if len(self.errors) > 5 else "")  # noqa: PLR2004
+        super().__init__(
+            f"The Batch API refused {len(report.failed_batch_ids)} batch(es) "
+            f"({', '.join(report.failed_batch_ids)}): {shown}. Nothing in them was "
+            "run or paid for; fix the cause (model name, endpoint, limits) and run "
+            "again: answers already in are kept."
+        )
+
+
+class BatchLaneError(TAGError, TypeError):
+    """What was given cannot be sent through OpenAI's Batch API."""

@@ -1,7 +1,7 @@
 """What a bulk run would spend, counted without calling a model: `estimate_bulk`.
 
 `tag run --inputs ... --estimate` prints it. The run's own code does the work on
-stand-in models (`langchain_tag._metering`): each input is planned by the engine
+stand-in models (`langchain_tag.metering`): each input is planned by the engine
 itself, the pairs its verdict cache already holds are left out, and the rest are
 judged by a copy of the judge on a stand-in model that answers NO to every rule
 and bills what it is sent (the tokens of the messages the judge builds, the part a
@@ -15,7 +15,9 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, Field
 
-from langchain_tag._metering import (
+from langchain_tag.engine import MatchEngine, MatchOptions
+from langchain_tag.execution import ActionOnlyExecutor
+from langchain_tag.metering import (
     MeteringChatModel,
     MeteringDecisionModel,
     executor_answers,
@@ -23,8 +25,6 @@ from langchain_tag._metering import (
     run_to_end,
     stand_in_judge,
 )
-from langchain_tag.engine import MatchEngine, MatchOptions
-from langchain_tag.execution import ActionOnlyExecutor
 from langchain_tag.rules import Rule
 from langchain_tag.usage import (
     DEFAULT_CACHING,

@@ -29,7 +29,6 @@ otherwise).
 """
 
 from langchain_tag.batch._jobs import BatchFile, BatchProgress, BatchSettings
-from langchain_tag.batch._requests import BatchLaneError
 from langchain_tag.batch.lane import (
     BatchExecution,
     BatchFailedError,
@@ -38,6 +37,7 @@ from langchain_tag.batch.lane import (
     execute_in_batch,
     judge_in_batch,
 )
+from langchain_tag.errors import BatchLaneError
 
 __all__ = [
     "BatchExecution",

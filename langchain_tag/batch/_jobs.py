@@ -32,7 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_tag._text import json_lines
 from langchain_tag.batch._records import JobRecord, JobRecords, Lane
-from langchain_tag.batch._requests import ENDPOINT, BatchLaneError, request_line
+from langchain_tag.batch._requests import ENDPOINT, request_line
+from langchain_tag.errors import BatchLaneError
 from langchain_tag.models import CallRetry
 
 logger = logging.getLogger(__name__)

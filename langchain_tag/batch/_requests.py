@@ -37,17 +37,13 @@ from openai.lib._parsing import (  # the SDK's own, used by chat.completions.par
 )
 from openai.types.chat import ChatCompletion
 
-from langchain_tag.errors import TAGError
+from langchain_tag.errors import BatchLaneError
 from langchain_tag.execution import ActionOnlyExecutor
 from langchain_tag.matching import ApplicabilityJudge
 from langchain_tag.models import STRUCTURED_PARSE_ERRORS
 
 ENDPOINT: Final = "/v1/chat/completions"
 """The Batch API endpoint every request of this lane goes to."""
-
-
-class BatchLaneError(TAGError, TypeError):
-    """What was given cannot be sent through OpenAI's Batch API."""
 
 
 def _openai_model(llm: BaseChatModel, owner: str) -> ChatOpenAI:

@@ -35,13 +35,12 @@ from langchain_tag.batch._jobs import (
 )
 from langchain_tag.batch._records import JobRecords, Lane, job_records
 from langchain_tag.batch._requests import (
-    BatchLaneError,
     ChatCall,
     request_hash,
     sdk_client,
 )
 from langchain_tag.cache import InMemoryVerdictCache
-from langchain_tag.errors import TAGError
+from langchain_tag.errors import BatchFailedError, BatchLaneError
 from langchain_tag.execution import ActionOnlyExecutor
 from langchain_tag.execution.executor import ExecutionInput
 from langchain_tag.matching import ApplicabilityJudge, BaseJudge, Verdict
@@ -64,26 +63,6 @@ _READ_SLICE = 5_000
 """Answers read into verdicts (or outputs) at a time."""
 
 _T = TypeVar("_T")
-
-
-class BatchFailedError(TAGError, RuntimeError):
-    """A batch failed the provider's validation: none of its requests was run.
-
-    The other batches' answers were stored first (a later call reads them);
-    `errors` holds the provider's reasons, `report` what this call did.
-    """
-
-    def __init__(self, errors: Sequence[str], report: BatchReport) -> None:
-        """Name the reasons the provider gave."""
-        self.errors = list(errors)
-        self.report = report
-        shown = "; ".join(self.errors[:5]) + (" ..." if len(self.errors) > 5 else "")  # noqa: PLR2004
-        super().__init__(
-            f"The Batch API refused {len(report.failed_batch_ids)} batch(es) "
-            f"({', '.join(report.failed_batch_ids)}): {shown}. Nothing in them was "
-            "run or paid for; fix the cause (model name, endpoint, limits) and run "
-            "again: answers already in are kept."
-        )
 
 
 Source = Literal["cache", "batch", "online"]

@@ -208,7 +208,7 @@ def _run(
     already: int,
 ) -> int:
     """Run the job, its errors said in one line with this command's options."""
-    from langchain_tag.batch import BatchFailedError, BatchLaneError  # noqa: PLC0415
+    from langchain_tag.errors import BatchFailedError, BatchLaneError  # noqa: PLC0415
     from langchain_tag.matching.verdicts import failure_kind, failure_reason  # noqa: PLC0415
 
     progress = _Progress(sys.stderr, todo, already)

@@ -59,16 +59,6 @@ def test_every_exception_of_the_package_is_a_tag_error() -> None:
     assert [c.__qualname__ for c in exceptions if not issubclass(c, TAGError)] == []
 
 
-DEFINED_ELSEWHERE_FOR_NOW = {
-    "langchain_tag.batch._requests.BatchLaneError",
-    "langchain_tag.batch.lane.BatchFailedError",
-    "langchain_tag.learning.verdict_log.MissingVerdictLogError",
-    "langchain_tag.learning.verdict_log.VerdictLogWarning",
-}
-"""Classes of modules being rewritten elsewhere (issue 33): to move into
-`langchain_tag.errors`, then this set emptied."""
-
-
 def _subclasses(cls: type[BaseException]) -> set[type[BaseException]]:
     found = set(cls.__subclasses__())
     for sub in list(found):
@@ -89,12 +79,9 @@ def test_every_exception_and_warning_is_defined_in_the_errors_module() -> None:
     }
     assert "langchain_tag.errors.JudgmentError" in defined  # the walk found them
     elsewhere = sorted(
-        name
-        for name in defined - DEFINED_ELSEWHERE_FOR_NOW
-        if not name.startswith("langchain_tag.errors.")
+        name for name in defined if not name.startswith("langchain_tag.errors.")
     )
     assert elsewhere == []
-    assert sorted(DEFINED_ELSEWHERE_FOR_NOW - defined) == []  # none moved yet
 
 
 @pytest.mark.parametrize(

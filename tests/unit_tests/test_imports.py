@@ -178,7 +178,7 @@ LAYERS = [
         "resources",
         "usage",
     },
-    {"extraction", "matching", "execution", "_metering"},
+    {"extraction", "matching", "execution", "metering"},
     {"learning", "batch"},
     {"engine"},
     {"settings", "estimate"},

@@ -11,7 +11,15 @@ from collections.abc import Callable
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
-from langchain_tag._metering import (
+from langchain_tag.cache import InMemoryVerdictCache
+from langchain_tag.execution import GENERIC_TEMPLATE, NBA_TEMPLATE
+from langchain_tag.matching import (
+    NBA_PROFILE,
+    ApplicabilityJudge,
+    CascadeJudge,
+    DecisionJudge,
+)
+from langchain_tag.metering import (
     EXECUTOR_ANSWERS,
     JUDGE_NO_REASON,
     MeteringChatModel,
@@ -20,14 +28,6 @@ from langchain_tag._metering import (
     judge_answers,
     run_to_end,
     stand_in_judge,
-)
-from langchain_tag.cache import InMemoryVerdictCache
-from langchain_tag.execution import GENERIC_TEMPLATE, NBA_TEMPLATE
-from langchain_tag.matching import (
-    NBA_PROFILE,
-    ApplicabilityJudge,
-    CascadeJudge,
-    DecisionJudge,
 )
 from langchain_tag.testing import RuleAwareFakeChatModel, trigger_rulebook
 from langchain_tag.testing.decisions import RuleAwareFakeDecisionModel

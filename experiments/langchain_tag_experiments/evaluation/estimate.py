@@ -6,7 +6,7 @@ serve), the output tokens, and the dollars at given prices, list and batch, befo
 a single call is paid for. The figures come from the run's own code: every method
 is built as the run builds it (`Method.build`) and run over the task's inputs as
 the run runs it (retrieval, then the executor), its models replaced by stand-ins
-(`langchain_tag._metering`) that call nothing and report the usage a provider
+(`langchain_tag.metering`) that call nothing and report the usage a provider
 would bill for the messages the code really sends: the judge's and the cascade's
 cheap judge's (`MeteringChatModel`), the decision model's (`MeteringDecisionModel`:
 the input once and each question with its criteria, as `OpenAIClassifier` sends
@@ -60,7 +60,9 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import BaseModel, Field, model_validator
 
 from langchain_tag._delimiters import escape_delimiters
-from langchain_tag._metering import (
+from langchain_tag.estimate import DECISION_MODEL, DECISION_NOTE
+from langchain_tag.execution import ActionOnlyExecutor
+from langchain_tag.metering import (
     EXECUTOR_ANSWERS,
     JUDGE_NO_REASON,
     Answer,
@@ -71,8 +73,6 @@ from langchain_tag._metering import (
     judge_answers,
     run_to_end,
 )
-from langchain_tag.estimate import DECISION_MODEL, DECISION_NOTE
-from langchain_tag.execution import ActionOnlyExecutor
 from langchain_tag.usage import (  # the counter is re-exported from here too
     APPROXIMATE_CHARS_PER_TOKEN,
     DEFAULT_CACHING,

@@ -59,6 +59,20 @@ from langchain_tag.usage import (
     decision_request_tokens,
 )
 
+__all__ = [
+    "EXECUTOR_ANSWERS",
+    "JUDGE_NO_REASON",
+    "Answer",
+    "Decide",
+    "MeteringChatModel",
+    "MeteringDecisionModel",
+    "executor_answers",
+    "judge_answers",
+    "run_to_end",
+    "stand_in_judge",
+]
+
+
 Answer = Callable[[Sequence[BaseMessage]], str]
 """A chat stand-in's policy: the answer to the messages of one call."""
 
@@ -95,7 +109,7 @@ class MeteringChatModel(BaseChatModel):
     _cache: SimulatedPromptCache | None = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
-    def model_post_init(self, context: Any, /) -> None:
+    def model_post_init(self, context: Any, /) -> None:  # noqa: D102 - pydantic hook
         super().model_post_init(context)
         if self.caching is not None:
             self._cache = SimulatedPromptCache(
