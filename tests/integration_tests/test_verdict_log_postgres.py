@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from langchain_tag import cli
+from langchain_tag import _sql, cli
 from langchain_tag.learning.learned_prefilter import FeatureHashing, LearnedPrefilter
 from langchain_tag.learning.verdict_log import (
     MissingVerdictLogError,
@@ -41,6 +41,14 @@ def fill(log: VerdictLog, texts: list[str]) -> None:
         for rule in RULES.rules:
             applies = f"trigger-{rule.rule_id[2:]}" in text
             log.record(text, rule, Verdict(rule_id=rule.rule_id, applies=applies))
+
+
+@pytest.fixture(autouse=True)
+def no_pool_left_open() -> Iterator[None]:
+    """A test closes every log it opens: no shared pool outlives it."""
+    before = set(_sql._POOLS.by_key)
+    yield
+    assert set(_sql._POOLS.by_key) == before
 
 
 @pytest.fixture
@@ -100,10 +108,13 @@ def test_retention_and_clear(uri: str, table: str) -> None:
     assert log.prune() == 20
     assert [r.id for r in log.records()] == list(range(21, 41))
     assert log.stats().inputs_with_text == 5
-    assert isinstance(open_verdict_log(uri, table=table), PostgresVerdictLog)
+    reopened = open_verdict_log(uri, table=table)
+    assert isinstance(reopened, PostgresVerdictLog)
+    reopened.close()
     log.clear()
     assert len(log) == 0
     assert log.stats().inputs_with_text == 0
+    log.close()
 
 
 def test_threads_share_one_log(uri: str, table: str) -> None:
@@ -119,6 +130,7 @@ def test_threads_share_one_log(uri: str, table: str) -> None:
     for thread in threads:
         thread.join()
     assert len(log) == 6 * 5 * 4
+    log.close()
 
 
 def test_four_machines_create_and_fill_one_log(uri: str, table: str) -> None:
@@ -131,6 +143,7 @@ def test_four_machines_create_and_fill_one_log(uri: str, table: str) -> None:
     stats = log.stats()
     assert (stats.inputs, stats.applies) == (160, 160)
     assert (stats.inputs_with_text, stats.inputs_hashed) == (120, 40)
+    log.close()
 
 
 def test_a_log_made_before_the_reason_column_gains_it(uri: str, table: str) -> None:

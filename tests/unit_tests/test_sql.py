@@ -200,8 +200,13 @@ def test_read_only_connections_refuse_writes_before_any_statement(
 
 @pytest.fixture
 def pools(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[RecordingPool]]:
-    """Every pool opened, in order; after the test no pool may stay held."""
+    """Every pool opened, in order; after the test none of them may stay held.
+
+    The process's registry is swapped for an empty one, so pools other tests hold
+    (a real server's, say) neither count here nor get dropped by `reset`.
+    """
     opened: list[RecordingPool] = []
+    monkeypatch.setattr(_sql, "_POOLS", _sql._Pools())
 
     def open_pool(self: PostgresConnections) -> RecordingPool:
         opened.append(
