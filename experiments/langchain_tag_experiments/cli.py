@@ -333,7 +333,7 @@ def _need_sacrebleu(loaded: Sequence[EvalTask]) -> None:
     ):
         msg = (
             "BLEU needs sacrebleu, which is not installed: "
-            "pip install 'langchain-tag[eval]'."
+            "pip install 'langchain-tag-experiments[eval]'."
         )
         raise CommandError(msg)
 

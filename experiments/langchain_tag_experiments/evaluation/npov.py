@@ -156,7 +156,7 @@ def corpus_bleu(
     except ImportError as error:
         msg = (
             "corpus_bleu needs sacrebleu: install the `eval` extra "
-            "(`pip install 'langchain-tag[eval]'`)."
+            "(`pip install 'langchain-tag-experiments[eval]'`)."
         )
         raise ImportError(msg) from error
     if not wnc:

@@ -4,7 +4,7 @@ The Markdown table has one section per task, with that task's quality columns an
 the cost columns; skipped methods are listed under it with the reason, and the
 mismatch diagnostic of the similarity scorers follows. CSV and JSON hold every
 field of every `EvalResult` (`diagnostic.json` the diagnostics). The plot
-(matplotlib, the `eval` extra) puts each method at (LLM calls per input, quality)
+(matplotlib) puts each method at (LLM calls per input, quality)
 and (units given to the executor per input, quality), one row of panels per task.
 
 Tokens are as the models reported them ("-": a model reported none); "cached in"
@@ -338,11 +338,11 @@ def _figure(rows: int) -> Any:
         from matplotlib.backends.backend_agg import (  # noqa: PLC0415 - optional
             FigureCanvasAgg,
         )
-        from matplotlib.figure import Figure  # noqa: PLC0415 - the `eval` extra
+        from matplotlib.figure import Figure  # noqa: PLC0415 - only to plot
     except ImportError as error:
         msg = (
-            "The cost-versus-quality plot needs matplotlib: install the `eval` extra "
-            "(`pip install 'langchain-tag[eval]'`)."
+            "The cost-versus-quality plot needs matplotlib, a dependency of "
+            "langchain-tag-experiments: pip install langchain-tag-experiments."
         )
         raise ImportError(msg) from error
     figure = Figure(figsize=(14, 5.5 * rows), dpi=_DPI)
@@ -383,7 +383,7 @@ def plot_cost_quality(
     undefined) are left out.
 
     Raises:
-        ImportError: matplotlib is not installed (the `eval` extra).
+        ImportError: matplotlib is not installed.
     """
     measured = [
         (task, rows, metric)
