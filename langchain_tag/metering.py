@@ -1,8 +1,9 @@
 """Stand-in models for dry runs: they answer from a policy and bill what they are sent.
 
-The estimates (`tag run --inputs --estimate`, `tag eval --estimate`) run the real
-code with these in place of the real models, so what is counted is what the code
-sends, whatever judge, retriever or phase sends it; nothing goes over the network.
+The estimates (`tag run --inputs --estimate`, `tag extract --estimate`, `tag eval
+--estimate`) run the real code with these in place of the real models, so what is
+counted is what the code sends, whatever judge, retriever or phase sends it;
+nothing goes over the network.
 
 - `MeteringChatModel`: a chat model answering from `answer(messages)`; each answer
   reports the usage a provider would bill (`usage_metadata`): the input tokens of

@@ -4,39 +4,35 @@
 output tokens `extract_rules` would spend on the documents, and dollars at the
 prices given. It needs no model and no API key, calls nothing and writes nothing.
 
-The documents are loaded and sectioned as the run loads and sections them, each
-prompt is rendered by the phase's own function (`phases.span_messages`, ...), and
-its tokens are counted by `usage.token_counter` (tiktoken's cl100k_base, offline,
-or about 4 characters a token). Per phase:
+It is a dry run: `aextract_rules` itself runs on the documents with a
+`metering.MeteringChatModel` in place of the model, so the sectioning, batching,
+prompts and phase 4's plan are the run's own, and each request is billed as a
+provider would bill it (tokens by `usage.token_counter`: tiktoken's cl100k_base,
+offline, or about 4 characters a token; cached input under `usage.PromptCaching`).
+The stand-in answers each phase from its prompt (`extraction_answers`):
 
-- Phase 1 (spans): exact calls and input tokens, one call a section. The answer is
-  estimated as a span for each normative sentence: a sentence with a cue word
-  (must, should, never, avoid, ...; `NORMATIVE_CUES`).
-- Phase 2 (atomic units): estimated. A call for each section with a normative
-  sentence, rendered with those sentences as its spans; a unit a sentence.
-- Phase 3 (rules): estimated. A call for every `units_per_call` units of a
-  section, rendered with the sentences as units; a rule a unit, answered in the
-  rule schema's fields, each as long as its sentence.
-- Phase 4 (relations): estimated. The rules' tags are unknown before phase 3, so
-  any two of the R rules may share one: at most min(`max_pairs`, R(R-1)/2) pairs
-  are chosen, in as many calls as if all R shared one tag (`pairs.one_tag_calls`),
-  each priced as a call of the `rules_per_comparison` longest rules. Not a bound:
-  rules spread over many small tags make more, smaller calls, at most
+- Phase 1 (spans): a span for each normative sentence, one with a cue word (must,
+  should, never, avoid, ...; `NORMATIVE_CUES`). Calls and input tokens are exact:
+  one call a section, whatever the model answers.
+- Phase 2 (atomic units): a unit a span; its calls and prompts follow from phase
+  1's answers, so they are estimated.
+- Phase 3 (rules): a rule a unit, in the rule schema's fields, each as long as its
+  unit, every rule tagged `general`.
+- Phase 4 (relations): one relation a call. The tags are unknown before phase 3,
+  and one tag shared by all the rules makes the most pairs: the calls are the
+  run's plan (`pairs.plan_comparisons`) for that case. Not a bound: rules spread
+  over many small tags make more, smaller calls, at most
   `pairs.comparison_calls_bound` (3 x the pairs); the row says so with its figure.
-- Recovery (phase 5's re-extraction): estimated, from the spans estimated for
-  phase 1, every one left uncovered and sent back through phase 3 once, one call a
-  section with spans. The run's calls are at most one a section.
+- Recovery (phase 5's re-extraction): the stand-in's rules cover every span, so
+  the dry run makes none; the row prices a stated case instead, every span left
+  uncovered and sent back through phase 3 once, one call a section with spans
+  (none of it cached). The run's calls are at most one a section.
 
-Output tokens are estimated: the answer the prompt asks for, written for the
-sentences found (phase 4: one relation a call). A skipped phase costs nothing and
-its stand-in records are the run's own (paragraphs for spans, spans as units,
-units as rules), so what follows it is worked out from those; with phase 3 skipped
-the rules are known, and phase 4's calls are planned as the run plans them.
-
-Cached input tokens are estimated for phases 1-3, under a model of the provider's
-prompt cache (`usage.PromptCaching`), none for the calls priced as repeats of
-one (phase 4 as if of one tag, recovery). Not counted: retries
-after errors, and answers that could not be read, asked again by a re-run.
+A skipped phase costs nothing and the run puts its own stand-in records in its
+place (paragraphs for spans, spans as units, units as rules); with phase 3 skipped
+the rules and their tags are known, and phase 4's calls are exactly the run's. Not
+counted: retries after errors, and answers that could not be read, asked again by
+a re-run.
 """
 
 from __future__ import annotations
@@ -45,13 +41,15 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
+from uuid import UUID
 
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import BaseMessage
+from langchain_core.outputs import LLMResult
 from pydantic import BaseModel, Field
 
-from langchain_tag._text import batches
+from langchain_tag._delimiters import escape_delimiters
 from langchain_tag.extraction import phases
 from langchain_tag.extraction.documents import DocumentLike, document_sections
 from langchain_tag.extraction.graph import (
@@ -64,21 +62,18 @@ from langchain_tag.extraction.graph import (
     ExtractionSettings,
     source_documents,
 )
-from langchain_tag.extraction.pairs import (
-    comparison_calls_bound,
-    one_tag_calls,
-    plan_comparisons,
-)
-from langchain_tag.extraction.phases import AtomicRecord, DraftRule, SpanRecord
-from langchain_tag.extraction.run import _as_documents
+from langchain_tag.extraction.pairs import comparison_calls_bound
+from langchain_tag.extraction.phases import SpanRecord
+from langchain_tag.extraction.report import ExtractionReport
+from langchain_tag.extraction.run import _as_documents, aextract_rules
 from langchain_tag.extraction.sectioning import Section
+from langchain_tag.metering import Answer, MeteringChatModel, run_to_end
 from langchain_tag.rule_schemas import RuleSchema
 from langchain_tag.usage import (
     DEFAULT_CACHING,
     MESSAGE_OVERHEAD,
     REPLY_OVERHEAD,
     PromptCaching,
-    SimulatedPromptCache,
     TokenCounter,
     TokenPrices,
     TokenUsage,
@@ -91,6 +86,7 @@ __all__ = [
     "ExtractionEstimate",
     "PhaseEstimate",
     "estimate_extraction",
+    "extraction_answers",
 ]
 
 NORMATIVE_CUES = re.compile(
@@ -264,7 +260,22 @@ def _normative_spans(section: Section) -> list[SpanRecord]:
     return [phases.span_record(section, n, a, b) for n, (a, b) in enumerate(found, 1)]
 
 
-# --- the answers, as the prompts ask for them -----------------------------------------
+# --- the stand-in's answers, as the prompts ask for them ------------------------------
+
+_SECTION = re.compile(r"<section>\n(.*)\n</section>", re.DOTALL)
+_LISTED = re.compile(r"^([A-Z]-\d{3}): ", re.MULTILINE)
+_PHASES = {
+    "You find the normative statements": "spans",
+    "You split normative statements": "atomics",
+    "You turn atomic normative units": "rules",
+    "You compare operational rules": "relations",
+}
+"""Each LLM phase's system prompt opens with one of these: the prompt's phase."""
+
+
+def _phase(messages: Sequence[BaseMessage]) -> str | None:
+    system = messages[0].text if messages else ""
+    return next((row for start, row in _PHASES.items() if start in system), None)
 
 
 def _json(obj: dict[str, Any]) -> str:
@@ -275,8 +286,13 @@ def _words(text: str, count: int) -> str:
     return " ".join(text.split()[:count])
 
 
-def _local(record_id: str) -> str:
-    return record_id.rsplit("/", 1)[-1]
+def _listed(prompt: str) -> list[tuple[str, str]]:
+    """(local id, text) of a prompt's `X-001: text` lines; a text may span lines."""
+    parts = _LISTED.split(prompt)  # before, id, text, id, text, ...
+    return [
+        (local, text.removesuffix("\n"))
+        for local, text in zip(parts[1::2], parts[2::2], strict=True)
+    ]
 
 
 def _spans_answer(spans: Sequence[SpanRecord]) -> str:
@@ -284,98 +300,149 @@ def _spans_answer(spans: Sequence[SpanRecord]) -> str:
         {
             "spans": [
                 {
-                    "span_id": _local(s.span_id),
+                    "span_id": f"S-{n:03d}",
                     "text": s.text,
                     "normative_type": "requirement",
                     "context_summary": _words(s.text, _SUMMARY_WORDS),
                 }
-                for s in spans
+                for n, s in enumerate(spans, 1)
             ]
         }
     )
 
 
-def _units_answer(units: Sequence[AtomicRecord]) -> str:
+def _units_answer(spans: Sequence[tuple[str, str]]) -> str:
     return _json(
         {
             "atomic_units": [
                 {
-                    "atomic_id": _local(u.atomic_id),
-                    "source_span_id": _local(u.span_id),
-                    "text": u.text,
-                    "original_text": u.original_text,
+                    "atomic_id": f"A-{n:03d}",
+                    "source_span_id": span_id,
+                    "text": text,
+                    "original_text": text,
                     "was_split": False,
                     "split_rationale": None,
                 }
-                for u in units
+                for n, (span_id, text) in enumerate(spans, 1)
             ]
         }
     )
 
 
-def _rules_answer(units: Sequence[AtomicRecord], schema: RuleSchema) -> str:
+def _rules_answer(units: Sequence[tuple[str, str, str]], schema: RuleSchema) -> str:
     return _json(
         {
             "rules": [
                 {
-                    "atomic_id": _local(u.atomic_id),
-                    "rule_name": _words(u.text, _NAME_WORDS),
-                    **{f.name: u.text for f in schema.fields},
-                    "source_text": u.original_text,
+                    "atomic_id": atomic_id,
+                    "rule_name": _words(text, _NAME_WORDS),
+                    **{f.name: text for f in schema.fields},
+                    "source_text": original,
                     "category_tags": ["general"],
                 }
-                for u in units
+                for atomic_id, text, original in units
             ]
         }
     )
 
 
-def _relations_answer(rules: Sequence[DraftRule]) -> str:
-    first, second = rules[0], rules[-1]
+def _relations_answer(rule_ids: Sequence[str]) -> str:
     return _json(
         {
             "relations": [
                 {
-                    "rule_i": first.draft_id,
-                    "rule_j": second.draft_id,
+                    "rule_i": rule_ids[0],
+                    "rule_j": rule_ids[-1],
                     "relationship": "overlap",
                     "preferred_action": "keep_both",
                     "explanation": "Both rules can apply to one input, and neither "
                     "contains the other.",
                 }
             ]
+            if len(rule_ids) > 1
+            else []
         }
     )
 
 
-# --- counting -------------------------------------------------------------------------
+def extraction_answers(sections: Iterable[Section], schema: RuleSchema) -> Answer:
+    """The dry run's model: each extraction phase answered from its prompt.
+
+    Spans are the normative sentences of the section in the prompt (found among
+    `sections` by its text, as the prompt escapes it); a unit a listed span, a
+    rule a listed unit (tagged `general`), one relation a group of rules. A text
+    the prompt escaped is answered as the document has it, so the run reads the
+    answers back as it reads a faithful model's.
+    """
+    by_text: dict[str, Section] = {}
+    originals: dict[str, str] = {}
+    for section in sections:
+        by_text.setdefault(escape_delimiters(section.text), section)
+        for span in (*_normative_spans(section), *phases.whole_section_spans(section)):
+            originals.setdefault(escape_delimiters(span.text), span.text)
+
+    def answer(messages: Sequence[BaseMessage]) -> str:
+        prompt = messages[-1].text if messages else ""
+        phase = _phase(messages)
+        if phase == "spans":
+            found = _SECTION.search(prompt)
+            section = by_text.get(found.group(1)) if found else None
+            return _spans_answer([] if section is None else _normative_spans(section))
+        listed = [(local, originals.get(t, t)) for local, t in _listed(prompt)]
+        if phase == "atomics":
+            return _units_answer(listed)
+        if phase == "rules":
+            units = []
+            for local, row in listed:
+                text, _, original = row.partition(" | ")
+                units.append((local, originals.get(text, text), original))
+            return _rules_answer(units, schema)
+        rule_ids = [line.split(" | ", 1)[0] for line in prompt.splitlines()]
+        return _relations_answer([i for i in rule_ids if "/R-" in i])
+
+    return answer
 
 
-@dataclass
-class _Meter:
-    """Counts requests: their tokens, and those a prompt cache would serve."""
+# --- metering -------------------------------------------------------------------------
 
-    counter: TokenCounter
-    cache: SimulatedPromptCache | None
-    usage: TokenUsage = field(default_factory=TokenUsage)
 
-    def request(self, messages: Sequence[BaseMessage], answer: str) -> None:
-        self.usage += self.counter.request(messages, answer, self.cache)
+class _PhaseUsage(BaseCallbackHandler):
+    """The usage each phase's calls report, told apart by their system prompt."""
 
-    def repeated(
-        self, calls: int, messages: Sequence[BaseMessage], answer: str
+    run_inline = True
+
+    def __init__(self) -> None:
+        self.phase_of: dict[UUID, str] = {}
+        self.usage: dict[str, TokenUsage] = {}
+
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any],
+        messages: list[list[BaseMessage]],
+        *,
+        run_id: UUID,
+        **kwargs: Any,
     ) -> None:
-        """`calls` requests, each priced as `messages` and `answer` (none cached)."""
-        self.usage += TokenUsage(
-            calls=calls,
-            input_tokens=calls * self.counter.messages(messages),
-            cached_input_tokens=0,
-            output_tokens=calls * self.counter.count(answer),
+        phase = _phase(messages[0]) if messages else None
+        if phase is not None:
+            self.phase_of[run_id] = phase
+
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        phase = self.phase_of.pop(run_id, None)
+        if phase is None:
+            return
+        message = getattr(response.generations[0][0], "message", None)
+        usage = getattr(message, "usage_metadata", None) or {}
+        details = usage.get("input_token_details") or {}
+        self.usage[phase] = self.usage.get(phase, TokenUsage()) + TokenUsage(
+            calls=1,
+            input_tokens=usage.get("input_tokens", 0),
+            cached_input_tokens=details.get("cache_read", 0),
+            output_tokens=usage.get("output_tokens", 0),
         )
 
-    def phase(self, basis: Basis, how: str) -> PhaseEstimate:
-        """The phase's figures so far; the meter starts again from zero."""
-        usage, self.usage = self.usage, TokenUsage()
+    def phase(self, row: str, basis: Basis, how: str) -> PhaseEstimate:
+        usage = self.usage.get(row, TokenUsage())
         return PhaseEstimate(
             calls=usage.calls,
             input_tokens=usage.input_tokens or 0,
@@ -390,173 +457,85 @@ def _skipped(number: int) -> PhaseEstimate:
     return PhaseEstimate(basis="skipped", how=f"skipped (phase {number}): no call.")
 
 
-@dataclass
-class _Walk:
-    """The run's records as the estimate assumes them, phase by phase."""
+def _recovery(
+    spans: Sequence[Sequence[SpanRecord]],
+    sections: int,
+    domain: str,
+    schema: RuleSchema,
+    counter: TokenCounter,
+) -> PhaseEstimate:
+    """Every span sent back through phase 3 once, one call a section with spans.
 
-    settings: ExtractionSettings
-    domain: str
-    meter: _Meter
-    sections: list[Section]
-    spans: list[list[SpanRecord]] = field(default_factory=list)
-    """Per section with spans."""
-    units: list[list[AtomicRecord]] = field(default_factory=list)
-    """Per section with spans."""
-    found: dict[str, PhaseEstimate] = field(default_factory=dict)
-
-    def skips(self, *numbers: int) -> bool:
-        return not self.settings.skip_phases.isdisjoint(numbers)
-
-    def detect_spans(self) -> None:
-        if self.skips(SPAN_DETECTION):
-            spans = [phases.whole_section_spans(s) for s in self.sections]
-            self.found["spans"] = _skipped(SPAN_DETECTION)
-        else:
-            spans = [_normative_spans(s) for s in self.sections]
-            for section, found in zip(self.sections, spans, strict=True):
-                self.meter.request(
-                    phases.span_messages(section, self.domain), _spans_answer(found)
-                )
-            sentences = sum(map(len, spans))
-            self.found["spans"] = self.meter.phase(
-                "exact",
-                "one call a section, its prompt rendered; answered with the "
-                f"{sentences:,} sentences holding a cue word (must, should, never, "
-                "avoid, ...) as spans.",
-            )
-        self.spans = [found for found in spans if found]
-
-    def decompose(self) -> None:
-        self.units = [
-            [phases.atomic_from_span(s, n) for n, s in enumerate(spans, 1)]
-            for spans in self.spans
-        ]
-        if self.skips(DECOMPOSITION):
-            self.found["atomics"] = _skipped(DECOMPOSITION)
-            return
-        for spans, units in zip(self.spans, self.units, strict=True):
-            self.meter.request(
-                phases.atomic_messages(spans, self.domain), _units_answer(units)
-            )
-        self.found["atomics"] = self.meter.phase(
-            "exact" if self.skips(SPAN_DETECTION) else "estimated",
-            "one call a section with spans, rendered with them; a unit a span.",
+    A prompt is asked once, as the run asks it (sections of the same text).
+    """
+    usage = TokenUsage()
+    asked: set[tuple[str, ...]] = set()
+    for found in spans:
+        units = [phases.atomic_from_span(s, n) for n, s in enumerate(found, 1)]
+        messages = phases.rule_messages(units, domain, schema)
+        if (key := tuple(m.text for m in messages)) in asked:
+            continue
+        asked.add(key)
+        answer = _rules_answer(
+            [(f"A-{n:03d}", u.text, u.original_text) for n, u in enumerate(units, 1)],
+            schema,
         )
-
-    def operationalise(self) -> list[DraftRule]:
-        schema = self.settings.schema
-        spans = {s.span_id: s for found in self.spans for s in found}
-        drafts = [
-            phases.draft_from_atomic(u, spans.get(u.span_id))
-            for units in self.units
-            for u in units
-        ]
-        if self.skips(OPERATIONALISATION):
-            self.found["rules"] = _skipped(OPERATIONALISATION)
-            return drafts
-        for units in self.units:
-            for batch in batches(units, self.settings.units_per_call):
-                self.meter.request(
-                    phases.rule_messages(batch, self.domain, schema),
-                    _rules_answer(batch, schema),
-                )
-        exact = self.skips(SPAN_DETECTION) and self.skips(DECOMPOSITION)
-        self.found["rules"] = self.meter.phase(
-            "exact" if exact else "estimated",
-            f"a call for every {self.settings.units_per_call} units of a section "
-            f"(units_per_call), rendered with them; a rule a unit in the "
-            f"{schema.name!r} schema's fields.",
+        usage += TokenUsage(
+            calls=1,
+            input_tokens=counter.messages(messages),
+            cached_input_tokens=0,
+            output_tokens=counter.count(answer),
         )
-        return drafts
+    return PhaseEstimate(
+        calls=usage.calls,
+        input_tokens=usage.input_tokens or 0,
+        output_tokens=usage.output_tokens or 0,
+        basis="estimated",
+        how=f"as if all {sum(map(len, spans)):,} spans estimated for phase 1 were "
+        "left uncovered and sent back through phase 3 once, one call a section with "
+        f"spans ({len(spans):,}, each distinct prompt asked once); the run's depend "
+        "on the spans its phase 1 finds: at most one call a section "
+        f"({sections:,}).",
+    )
 
-    def compare(self, drafts: Sequence[DraftRule]) -> tuple[int, int]:
-        """Phase 4; returns the most pairs sharing a tag, and the most chosen."""
-        settings = self.settings
-        limit, cap = settings.rules_per_comparison, settings.max_pairs
-        rules = len(drafts)
-        possible = rules * (rules - 1) // 2
-        chosen = possible if cap is None else min(cap, possible)
-        if self.skips(RELATIONS):
-            self.found["relations"] = _skipped(RELATIONS)
-            return possible, 0
-        if self.skips(OPERATIONALISATION):  # the rules are known: the run's plan
-            plan = plan_comparisons(drafts, limit, cap)
-            by_id = {d.draft_id: d for d in drafts}
-            for _, ids in plan.groups:
-                group = [by_id[i] for i in ids]
-                self.meter.request(
-                    phases.relation_messages(group, self.domain),
-                    _relations_answer(group),
-                )
-            known = self.skips(SPAN_DETECTION) and self.skips(DECOMPOSITION)
-            self.found["relations"] = self.meter.phase(
-                "exact" if known else "estimated",
-                f"the run's plan for the {rules:,} rules phase 3's stand-in makes "
-                f"(one tag): {plan.candidate_pairs:,} pairs, "
-                f"{plan.pairs_compared:,} compared; one relation a call.",
-            )
-            return possible, chosen
-        calls = one_tag_calls(rules, limit, cap)
-        if calls:
-            # The longest rules make the costliest call.
-            longest = sorted(drafts, key=_listed_length, reverse=True)[:limit]
-            self.meter.repeated(
-                calls,
-                phases.relation_messages(longest, self.domain),
-                _relations_answer(longest),
-            )
-        capped = cap is not None and possible > cap
-        pairs = f"up to {possible:,} pairs"
-        if capped:
-            pairs = (
-                f"the {cap:,} most similar (max_pairs={cap}, --max-pairs) of {pairs}"
-            )
-        over_cap = (
-            f"; over the cap, at most {cap:,}/{math.ceil((max(limit, 2) - 1) / 2)} "
-            "plus one per tag holding a chosen pair"
-            if capped
-            else ""
+
+def _relations_how(
+    report: ExtractionReport,
+    rules: int,
+    settings: ExtractionSettings,
+    *,
+    known: bool,
+) -> str:
+    cap, limit = settings.max_pairs, settings.rules_per_comparison
+    plan = (
+        f"{report.candidate_pairs:,} candidate pairs, {report.pairs_compared:,} "
+        f"compared in calls of at most {limit} rules (rules_per_comparison); one "
+        "relation a call"
+    )
+    if known:
+        return (
+            f"the run's plan for the {rules:,} rules phase 3's stand-in makes: {plan}."
         )
-        self.found["relations"] = self.meter.phase(
-            "estimated",
-            f"{pairs}, those of the {rules:,} rules assumed. Tags are unknown before "
-            "phase 3: the calls are those if all the rules shared one tag, each with "
-            f"the {min(limit, rules)} longest rules (rules_per_comparison); one "
-            "relation a call. Rules spread over many small tags make more, smaller "
-            f"calls: at most {comparison_calls_bound(possible, cap):,} calls "
-            f"({phases.MAX_TAGS} x {chosen:,} pairs: one call at most per pair per "
-            f"tag it shares, and a rule has {phases.MAX_TAGS} tags at most"
-            f"{over_cap}), none of more "
-            "rules than the call priced here.",
-        )
-        return possible, chosen
-
-    def recover(self) -> None:
-        if self.skips(OPERATIONALISATION, VERIFICATION):
-            skipped = OPERATIONALISATION, VERIFICATION
-            number = next(n for n in skipped if self.skips(n))
-            self.found["recovery"] = _skipped(number)
-            return
-        schema = self.settings.schema
-        for spans in self.spans:
-            units = [phases.atomic_from_span(s, n) for n, s in enumerate(spans, 1)]
-            self.meter.repeated(
-                1,
-                phases.rule_messages(units, self.domain, schema),
-                _rules_answer(units, schema),
-            )
-        self.found["recovery"] = self.meter.phase(
-            "estimated",
-            f"as if all {sum(map(len, self.spans)):,} spans estimated for phase 1 "
-            "were left uncovered and sent back through phase 3 once, one call a "
-            f"section with spans ({len(self.spans):,}); the run's depend on the "
-            "spans its phase 1 finds: at most one call a section "
-            f"({len(self.sections):,}).",
-        )
-
-
-def _listed_length(draft: DraftRule) -> int:
-    return len(draft.name) + len(draft.condition) + len(draft.action)
+    possible = report.pairs_possible
+    capped = cap is not None and possible > cap
+    pairs = f"up to {possible:,} pairs"
+    if capped:
+        pairs = f"the {cap:,} most similar (max_pairs={cap}, --max-pairs) of {pairs}"
+    over_cap = (
+        f"; over the cap, at most {cap:,}/{math.ceil((max(limit, 2) - 1) / 2)} "
+        "plus one per tag holding a chosen pair"
+        if capped
+        else ""
+    )
+    chosen = possible if cap is None else min(cap, possible)
+    return (
+        f"{pairs}, those of the {rules:,} rules assumed. Tags are unknown before "
+        "phase 3: the calls are the run's plan if all the rules shared one tag, "
+        f"{plan}. Rules spread over many small tags make more, smaller calls: at "
+        f"most {comparison_calls_bound(possible, cap):,} calls ({phases.MAX_TAGS} "
+        f"x {chosen:,} pairs: one call at most per pair per tag it shares, and a "
+        f"rule has {phases.MAX_TAGS} tags at most{over_cap})."
+    )
 
 
 def estimate_extraction(
@@ -593,14 +572,8 @@ def estimate_extraction(
     """
     docs = _as_documents(documents)
     run = ExtractionSettings(skip_phases=frozenset(skip_phases), **settings)
+    skips = run.skip_phases
     counter = token_counter()
-    cache = (
-        None
-        if caching is None
-        else SimulatedPromptCache(
-            caching, counter.count, in_flight=max_concurrency, keep=_KEEP_PROMPTS
-        )
-    )
     ids = [d.document_id for d in source_documents(docs)]
     sections = [
         section
@@ -609,22 +582,89 @@ def estimate_extraction(
             doc, document_id, max_tokens=run.max_section_tokens
         )
     ]
-    walk = _Walk(run, domain, _Meter(counter, cache), sections)
-    walk.detect_spans()
-    walk.decompose()
-    drafts = walk.operationalise()
-    rule_pairs, pairs = walk.compare(drafts)
-    walk.recover()
+    model = MeteringChatModel(
+        answer=extraction_answers(sections, run.schema),
+        counter=counter,
+        caching=caching,
+        in_flight=max_concurrency,
+        keep=_KEEP_PROMPTS,
+    )
+    metered = _PhaseUsage()
+    rulebook = run_to_end(
+        aextract_rules(
+            docs,
+            llm=model,
+            domain=domain,
+            skip_phases=skips,
+            checkpoint=None,
+            max_concurrency=max_concurrency,
+            callbacks=[metered],
+            **settings,
+        )
+    )
+    report = ExtractionReport.model_validate(rulebook.diagnostics)
+    spans = [
+        found
+        for section in sections
+        if (
+            found := phases.whole_section_spans(section)
+            if SPAN_DETECTION in skips
+            else _normative_spans(section)
+        )
+    ]
+    possible = report.pairs_possible
+    rules = (1 + math.isqrt(1 + 8 * possible)) // 2 if possible else report.rules
+    hows = {
+        "spans": (
+            SPAN_DETECTION,
+            (
+                "one call a section, its prompt rendered; answered with the "
+                f"{sum(map(len, spans)):,} sentences holding a cue word (must, should, "
+                "never, avoid, ...) as spans."
+            ),
+        ),
+        "atomics": (
+            DECOMPOSITION,
+            "one call a section with spans, rendered with them; a unit a span.",
+        ),
+        "rules": (
+            OPERATIONALISATION,
+            (
+                f"a call for every {run.units_per_call} units of a section "
+                "(units_per_call), rendered with them; a rule a unit in the "
+                f"{run.schema.name!r} schema's fields."
+            ),
+        ),
+        "relations": (
+            RELATIONS,
+            _relations_how(report, rules, run, known=OPERATIONALISATION in skips),
+        ),
+    }
+    rows: dict[str, PhaseEstimate] = {}
+    for row, (number, how) in hows.items():
+        # A phase's prompts are known when every LLM phase before it was skipped.
+        known = set(range(SPAN_DETECTION, number)) <= skips
+        rows[row] = (
+            _skipped(number)
+            if number in skips
+            else metered.phase(row, "exact" if known else "estimated", how)
+        )
+    if skipped := sorted(skips & {OPERATIONALISATION, VERIFICATION}):
+        rows["recovery"] = _skipped(skipped[0])
+    else:
+        rows["recovery"] = _recovery(spans, len(sections), domain, run.schema, counter)
+    cap = run.max_pairs
+    chosen = possible if cap is None else min(cap, possible)
     return ExtractionEstimate(
         domain=domain,
         documents=len(docs),
         sections=len(sections),
-        normative_sentences=sum(map(len, walk.spans)),
-        rules=len(drafts),
-        rule_pairs=rule_pairs,
-        max_pairs=run.max_pairs,
-        pairs=pairs,
-        phases=walk.found,
+        normative_sentences=sum(map(len, spans)),
+        rules=rules,
+        rule_pairs=possible,
+        max_pairs=cap,
+        pairs=0 if RELATIONS in skips else chosen,
+        phases=rows,
         token_counter=counter.name,
         caching=caching,
         prices=prices,

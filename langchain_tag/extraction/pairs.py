@@ -356,26 +356,6 @@ def packed_groups_bound(pairs: int, limit: int) -> int:
     return min(pairs, 1 + (pairs - 1) // per_group)
 
 
-def one_tag_calls(rules: int, limit: int, max_pairs: int | None) -> int:
-    """Phase 4's calls if `rules` rules all shared one tag.
-
-    The most pairs, not the most calls: rules spread over many small tags make
-    more, smaller calls (`comparison_calls_bound`).
-
-    At or under `max_pairs`, `tag_groups`' calls for that tag; over it,
-    `packed_groups_bound` of `max_pairs` pairs.
-    """
-    pairs = rules * (rules - 1) // 2
-    if max_pairs is not None and pairs > max_pairs:
-        return packed_groups_bound(max_pairs, limit)
-    if rules < 2:  # noqa: PLR2004 - a pair needs two
-        return 0
-    if rules <= limit:
-        return 1
-    chunks = math.ceil(rules / max(1, limit // 2))
-    return chunks * (chunks - 1) // 2
-
-
 def comparison_calls_bound(pairs: int, max_pairs: int | None) -> int:
     """The most calls `plan_comparisons` makes for at most `pairs` candidate pairs.
 
@@ -390,7 +370,7 @@ def comparison_calls_bound(pairs: int, max_pairs: int | None) -> int:
       summed, at most max_pairs / ceil((limit - 1) / 2) plus one a tag holding a
       chosen pair, and never more than `max_pairs`.
 
-    `one_tag_calls`, the count when all the rules share one tag, is far lower.
+    All the rules sharing one tag make far fewer (the extraction estimate's case).
     """
     if pairs < 1:
         return 0
