@@ -108,7 +108,7 @@ class CascadeJudge(BaseJudge):
     `cache`, ...) belong to the stages and are not accepted here; each stage caches
     its own verdicts.
 
-    Args:
+    Attributes:
         cheap: The judge of every pair, with `logprobs=True`.
         strong: The judge of the escalated pairs.
         no_threshold: A cheap NO scoring P(YES) at most this is final.

@@ -36,7 +36,7 @@ def _vfr_block(prompt: str, heading: str) -> str | None:
 class NPOVFakeChatModel(RuleAwareFakeChatModel):
     """Judge, NPOV executor and VFR judge at once, deterministic.
 
-    Args:
+    Attributes:
         neutral: Biased sentence -> its neutral version (the executor's rewrite).
     """
 
