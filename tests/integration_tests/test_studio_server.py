@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -352,10 +353,16 @@ async def test_query_run_judges_with_a_decision_model(
     assert first["cost"]["judgments"] == len(pep8_rulebook)
     assert first["cost"]["judge_usage"]["calls"] == 1
 
-    # One request per input, asking about every rule once, of the model named.
+    # One request per input, asking about every rule once, of the model named. The
+    # runs' own cost says one request each (above); the fake may see a request twice
+    # when the SDK retries one it lost the answer to on a loaded machine (seen once
+    # in CI, three test processes on 2 cores): a retry repeats the same body.
     requests = fake_decisions.requests
-    assert fake_decisions.request_count == len(requests) == 2
-    assert [r["input"] for r in requests] == [QUERY, OTHER_QUERY]
+    assert fake_decisions.request_count == len(requests)
+    bodies = {json.dumps(r, sort_keys=True) for r in requests}
+    assert sorted(json.loads(body)["input"] for body in bodies) == sorted(
+        [QUERY, OTHER_QUERY]
+    )
     rule_ids = sorted(rule.rule_id for rule in pep8_rulebook.rules)
     for request in requests:
         assert request["model"] == DECISION_MODEL
@@ -367,7 +374,7 @@ async def test_query_run_judges_with_a_decision_model(
 
     # The executor (a chat model at the same address) got the matched actions.
     chats = fake_decisions.chat_requests
-    assert len(chats) == 2
+    assert len({json.dumps(c, sort_keys=True) for c in chats}) == 2
     prompt = words(" ".join(strings(chats[0]["messages"])))
     for rule in pep8_rulebook.rules:
         assert (words(rule.action) in prompt) == (rule.rule_id in MATCHED)
