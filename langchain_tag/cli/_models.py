@@ -28,7 +28,7 @@ def model_from(args: argparse.Namespace) -> BaseChatModel:
     """
     from langchain_tag.models import default_chat_model  # noqa: PLC0415
 
-    name = args.model or os.environ.get("TAG_MODEL") or ""
+    name = _name(args)
     if name.startswith(ANTHROPIC_PREFIX):
         return _anthropic_model(name.removeprefix(ANTHROPIC_PREFIX), args)
     settings = {
@@ -37,6 +37,17 @@ def model_from(args: argparse.Namespace) -> BaseChatModel:
         if value is not None
     }
     return default_chat_model(**settings)
+
+
+def _name(args: argparse.Namespace) -> str:
+    return getattr(args, "model", None) or os.environ.get("TAG_MODEL") or ""
+
+
+def batch_api(args: argparse.Namespace) -> str:
+    """The batch endpoints `--via batch` calls for the model `args` name."""
+    if _name(args).startswith(ANTHROPIC_PREFIX):
+        return "Anthropic's /v1/messages/batches"
+    return "OpenAI's /v1/files and /v1/batches"
 
 
 def _anthropic_model(name: str, args: argparse.Namespace) -> BaseChatModel:

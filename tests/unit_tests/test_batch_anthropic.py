@@ -28,6 +28,7 @@ from langchain_tag.batch import (
 )
 from langchain_tag.batch._anthropic import AnthropicCall
 from langchain_tag.batch._providers import BATCH_DISCOUNT, provider_for
+from langchain_tag.batch._records import JobRecord, job_records
 from langchain_tag.cache import SQLiteVerdictCache
 from langchain_tag.execution import ActionOnlyExecutor
 from langchain_tag.matching import ApplicabilityJudge, Verdict
@@ -190,6 +191,32 @@ def test_an_interrupted_poll_is_resumed_and_nothing_is_paid_twice(
     assert second.resumed_batch_ids == ["msgbatch_1"]
     assert server.hits[CREATE] == 1
     assert server.hits[ONLINE] == 0
+    assert _cached(judge) == TRUTH
+
+
+def test_a_job_a_killed_run_left_without_a_batch_is_dropped_and_done_online(
+    server: FakeAnthropicBatchServer, clock: FakeClock
+) -> None:
+    # Killed between recording the job and creating its batch: Anthropic's
+    # batches name no input to find it by, and its requests died with the run.
+    judge = _judge(server)
+    assert judge.cache is not None
+    keys = [judge.cache_key(t, r) for t, r in PAIRS[:2]]
+    left = JobRecord(
+        provider="anthropic",
+        endpoint=str(anthropic.Anthropic(base_url=server.base_url).base_url),
+        lane="judge",
+        input_file_id="tag-judge-killed",
+        custom_ids=keys,
+        created=0,
+    )
+    job_records(judge.cache).save(left)
+    settings = _settings(clock, adopt_grace=60)
+    report = judge_in_batch(judge, PAIRS, settings=settings)
+    assert (report.sent, report.from_batch, report.online) == (7, 7, 2)
+    assert report.line_failures == {"no answer": 2}
+    assert clock.sleeps == [30.0, 30.0]  # the grace, polled out
+    assert job_records(judge.cache).get(left) is None
     assert _cached(judge) == TRUTH
 
 

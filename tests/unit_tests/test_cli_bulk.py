@@ -463,3 +463,22 @@ def test_anthropic_batches_still_running_exit_75_and_resume(
     assert sorted(_records(out)) == ["a", "b", "c"]
     assert cli.main([*batch, "--service-tier", "flex"]) == 2
     assert "--service-tier is OpenAI's" in capsys.readouterr().err
+
+
+def test_an_unreachable_anthropic_batch_api_is_one_line(
+    tmp_path: Path,
+    inputs: Path,
+    loopback: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_URL", raising=False)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "unused")
+    out = tmp_path / "out.jsonl"
+    argv = ["run", RULEBOOK, "--inputs", str(inputs), "-o", str(out), "--match-only"]
+    model = ["--model", "anthropic:claude-haiku-4-5"]
+    assert cli.main([*argv, *model, "--via", "batch", "--poll-interval", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "does this endpoint serve Anthropic's /v1/messages/batches?" in err
+    assert "Traceback" not in err
