@@ -94,13 +94,13 @@ def _anthropic_model(llm: BaseChatModel, owner: str) -> ChatAnthropic:
     return llm
 
 
-def sdk_client(llm: BaseChatModel) -> anthropic.Anthropic:
+def sdk_client(llm: BaseChatModel, owner: str) -> anthropic.Anthropic:
     """An Anthropic client like `llm`'s (its key, base URL, headers and timeout).
 
     A model built for `CallRetry` has its retries off (`max_retries=0`); its batch
     calls, which nothing else retries, get the SDK's default retries back.
     """
-    model = _anthropic_model(llm, "judge")
+    model = _anthropic_model(llm, owner)
     timeout = model.default_request_timeout
     return anthropic.Anthropic(
         api_key=model.anthropic_api_key.get_secret_value(),

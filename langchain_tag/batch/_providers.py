@@ -210,7 +210,7 @@ def provider_for(llm: BaseChatModel, owner: str, client: Any = None) -> BatchPro
     if _is_anthropic(llm):
         from langchain_tag.batch._anthropic import AnthropicBatches, sdk_client  # noqa: PLC0415
 
-        return AnthropicBatches(client or sdk_client(llm))
+        return AnthropicBatches(client or sdk_client(llm, owner))
     from langchain_tag.batch._openai import OpenAIBatches  # noqa: PLC0415
     from langchain_tag.batch._requests import sdk_client as openai_client  # noqa: PLC0415
 

@@ -26,7 +26,7 @@ from langchain_tag.batch import (
     execute_in_batch,
     judge_in_batch,
 )
-from langchain_tag.batch._anthropic import AnthropicCall
+from langchain_tag.batch._anthropic import AnthropicBatches, AnthropicCall
 from langchain_tag.batch._providers import BATCH_DISCOUNT, provider_for
 from langchain_tag.batch._records import JobRecord, job_records
 from langchain_tag.cache import SQLiteVerdictCache
@@ -294,6 +294,8 @@ def test_the_provider_is_picked_by_the_model_s_class(
     server: FakeAnthropicBatchServer,
 ) -> None:
     provider = provider_for(_llm(server, max_retries=0), "judge")
+    assert isinstance(provider, AnthropicBatches)
+    assert provider.client.max_retries == 2  # the batch calls' retries are back
     assert (provider.name, provider.discount) == ("anthropic", BATCH_DISCOUNT)
     assert BATCH_DISCOUNT == 0.5  # half price at both providers
     assert provider.endpoint.startswith(server.base_url)
