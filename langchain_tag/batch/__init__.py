@@ -1,14 +1,15 @@
-"""The batch lane: judgments and executions through OpenAI's Batch API.
+"""The batch lane: judgments and executions through a provider's batch API.
 
 Offline jobs (a corpus judged against a rulebook, an evaluation) need no answer
-within seconds, and OpenAI's Batch API runs the same calls within 24 hours at
-half the price. This package sends the judge's and the executor's calls that way:
+within seconds, and OpenAI's Batch API and Anthropic's Message Batches run the
+same calls within 24 hours at half the price. This package sends the judge's and
+the executor's calls that way:
 
 - `judge_in_batch(judge, pairs, ...)`: every (input, rule) pair not in the judge's
-  cache becomes one request, byte for byte the call the judge makes online, and
-  the answers go into the judge's verdict cache and verdict log. A later
-  `MatchEngine` or `TAGRetriever` run over the same inputs finds every verdict
-  cached and makes no call.
+  cache becomes one request, byte for byte the call the judge makes online (on
+  Anthropic, its text call: see `_anthropic`), and the answers go into the
+  judge's verdict cache and verdict log. A later `MatchEngine` or `TAGRetriever`
+  run over the same inputs finds every verdict cached and makes no call.
 - `execute_in_batch(executor, items, store=...)`: the executor's calls, the
   outputs parsed by its template, the answers kept in `store`.
 - `BatchSettings`: file limits (50,000 requests, 200 MB), polling, `max_wait`;
@@ -24,8 +25,10 @@ never a silent NO. A batch the API refuses at validation raises
 `BatchFailedError`.
 
 Data flows down: this package uses `matching`, `execution`, `cache` and `models`,
-never the engine. It needs `langchain_openai.ChatOpenAI` models (`BatchLaneError`
-otherwise).
+never the engine. It needs `langchain_openai.ChatOpenAI` models (OpenAI's Files
+and Batch APIs) or `langchain_anthropic.ChatAnthropic` ones (Message Batches, the
+`anthropic` extra); `BatchLaneError` otherwise. The two providers share everything
+but the wire protocol (`_providers`: `BatchProvider`, `ModelCall`).
 """
 
 from langchain_tag.batch._jobs import BatchFile, BatchProgress, BatchSettings

@@ -1,10 +1,15 @@
-"""Batch jobs: split, upload, create, poll and download, recorded for resuming.
+"""Batch jobs: split, stage, create, poll and read, recorded for resuming.
+
+The same for every provider: what is provider-specific (uploading a file,
+creating, listing, polling and reading a batch) is a `BatchProvider`.
 
 Every batch is recorded (`_records`: tables beside the verdict cache) before it is
 created (under its input file's id) and again once created (its batch id), so that
 a run killed at any point leaves what it paid for findable: the next run polls the
 recorded batches instead of creating them again, and adopts a batch created just
-before the kill by listing the account's batches. A finished batch's answers are
+before the kill by listing the account's batches (OpenAI; Anthropic's batches
+name no input, so such a record is dropped after `adopt_grace` and its requests
+done online). A finished batch's answers are
 stored (under their custom id) and its record deleted in one transaction; so a kill
 while reading loses nothing either.
 
@@ -24,33 +29,23 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
-import openai
-from openai.types import Batch
 from pydantic import BaseModel, ConfigDict, Field
 
-from langchain_tag._text import json_lines
+from langchain_tag.batch._providers import BatchProvider, BatchState, provider_of_client
 from langchain_tag.batch._records import JobRecord, JobRecords, Lane
-from langchain_tag.batch._requests import ENDPOINT, request_line
 from langchain_tag.errors import BatchLaneError
 from langchain_tag.models import CallRetry
 
 logger = logging.getLogger(__name__)
 
-PROVIDER: Final = "openai"
-"""The provider column of this lane's records and answers."""
-
-_TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-_RUNNING = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
-_ADOPT_SLACK = 3600
-"""Seconds before its file's upload that a batch listing stops looking for it."""
-
 
 class BatchSettings(BaseModel):
     """How batches are made and waited for.
 
-    The limits default to OpenAI's (50,000 requests and 200 MB per input file);
+    The limits default to OpenAI's (50,000 requests and 200 MB per input file),
+    within Anthropic's (100,000 requests and 256 MB per batch);
     `sleep` and `clock` are what polling waits with and measures `max_wait` by
     (tests pass a fake clock's).
     """
@@ -104,7 +99,7 @@ class Collected:
 
     failures: dict[str, str] = field(default_factory=dict)
     """Custom id -> why its line came back without an answer."""
-    failed_batches: list[Batch] = field(default_factory=list)
+    failed_batches: list[BatchState] = field(default_factory=list)
     """Batches that failed validation (nothing in them was run)."""
     collected: list[str] = field(default_factory=list)
     """Batch ids finished and read."""
@@ -114,68 +109,72 @@ class Collected:
 
 
 class BatchJobs:
-    """The batches of one lane at one API, recorded in `kept`."""
+    """The batches of one lane at one provider's API, recorded in `kept`."""
 
     def __init__(
         self,
-        client: openai.OpenAI,
+        provider: BatchProvider | Any,
         kept: JobRecords,
         lane: Lane,
         settings: BatchSettings,
         progress: Callable[[BatchProgress], None] | None = None,
     ) -> None:
-        """Work through `client`, recording `lane`'s jobs and answers in `kept`."""
-        self.client = client
+        """Work through `provider` (or an SDK client of one), recording in `kept`."""
+        # An SDK client (`openai.OpenAI`, `anthropic.Anthropic`) names its provider.
+        self.provider: BatchProvider = (
+            provider if hasattr(provider, "stage") else provider_of_client(provider)
+        )
         self.kept = kept
         self.lane = lane
         self.settings = settings
         self.progress = progress
-        self.endpoint = str(client.base_url)
+        self.endpoint = self.provider.endpoint
         self._transient = CallRetry().is_transient
         self._own: set[str] = set()
-        """Input file ids of the records this object saved (their batches it
-        creates)."""
+        """Input ids of the records this object saved (their batches it creates)."""
+
+    @property
+    def name(self) -> str:
+        """The provider's name, as the records say it."""
+        return self.provider.name
 
     def records(self) -> list[JobRecord]:
         """The recorded batches of this lane at this API, oldest first."""
-        return self.kept.jobs(PROVIDER, self.endpoint, self.lane)
+        return self.kept.jobs(self.name, self.endpoint, self.lane)
 
     # -- submitting -----------------------------------------------------------------
 
     def submit(
         self, requests: Iterable[tuple[str, Mapping[str, Any]]]
     ) -> list[BatchFile]:
-        """Upload `requests` (custom id, body) in files within the limits; a batch each.
+        """Stage `requests` (custom id, body) in jobs within the limits; a batch each.
 
-        Each file is uploaded and batched as soon as it is full, so at most one
-        file's requests are in memory.
+        Each job is staged and batched as soon as it is full, so at most one
+        job's requests are in memory.
 
         Raises:
             BatchLaneError: One request alone is larger than `max_bytes_per_file`.
         """
         files = []
         for chunk in self._split(requests):
-            content = b"".join(line for _, line in chunk)
-            uploaded = self.client.files.create(
-                file=(f"tag-{self.lane}.jsonl", content), purpose="batch"
-            )
+            input_id, created = self.provider.stage(self.lane, chunk)
             record = JobRecord(
-                provider=PROVIDER,
+                provider=self.name,
                 endpoint=self.endpoint,
                 lane=self.lane,
-                input_file_id=uploaded.id,
+                input_file_id=input_id,
                 custom_ids=[custom_id for custom_id, _ in chunk],
-                created=uploaded.created_at,
+                created=created,
             )
             self.kept.save(record)
             self._own.add(record.input_file_id)
             _, batch = self._create(record)
             files.append(
                 BatchFile(
-                    file_id=uploaded.id,
+                    file_id=input_id,
                     batch_id=batch.id,
                     requests=len(chunk),
-                    bytes=len(content),
+                    bytes=sum(len(line) for _, line in chunk),
                 )
             )
         return files
@@ -190,7 +189,7 @@ class BatchJobs:
         chunk: list[tuple[str, bytes]] = []
         size = 0
         for custom_id, body in requests:
-            line = request_line(custom_id, body)
+            line = self.provider.line(custom_id, body)
             if len(line) > limit:
                 msg = (
                     f"The request {custom_id} is {len(line):,} bytes, more than a "
@@ -206,38 +205,45 @@ class BatchJobs:
         if chunk:
             yield chunk
 
-    def _create(self, record: JobRecord) -> tuple[JobRecord, Batch]:
-        batch = self.client.batches.create(
-            input_file_id=record.input_file_id,
-            endpoint=ENDPOINT,
-            completion_window=self.settings.completion_window,
-            metadata={"tag_lane": self.lane, **self.settings.metadata},
-        )
+    def _create(self, record: JobRecord) -> tuple[JobRecord, BatchState]:
+        metadata = {"tag_lane": self.lane, **self.settings.metadata}
+        batch = self.provider.create(record, metadata)
         return self._with_batch(record, batch), batch
 
-    def _with_batch(self, record: JobRecord, batch: Batch) -> JobRecord:
+    def _with_batch(self, record: JobRecord, batch: BatchState) -> JobRecord:
         record = record.model_copy(update={"batch_id": batch.id, "state": batch.status})
         self.kept.save(record)
         return record
 
     def _adopt(
         self, record: JobRecord, orphaned: float
-    ) -> tuple[JobRecord, Batch | None]:
+    ) -> tuple[JobRecord, BatchState | None] | None:
         """The batch of a record saved before its creation: found, else created.
 
         A record this object did not save gets its batch created only once it has
         been seen without one for `adopt_grace` seconds (`orphaned` is when it was
-        first seen so); until then its batch is None (still to come).
+        first seen so); until then its batch is None (still to come). None (the
+        record dropped) if its provider cannot create it here (see
+        `BatchProvider.finds_orphans`).
         """
-        for batch in self.client.batches.list(limit=100):  # newest first
-            if batch.input_file_id == record.input_file_id:
-                return self._with_batch(record, batch), batch
-            if batch.created_at < record.created - _ADOPT_SLACK:
-                break
+        found = self.provider.find(record)
+        if found is not None:
+            return self._with_batch(record, found), found
         waited = self.settings.clock() - orphaned
-        if record.input_file_id in self._own or waited >= self.settings.adopt_grace:
+        if record.input_file_id in self._own:
             return self._create(record)
-        return record, None
+        if waited < self.settings.adopt_grace:
+            return record, None
+        if not self.provider.finds_orphans:
+            logger.warning(
+                "Job %s at %s was recorded without a batch by a process that "
+                "stopped; its record is dropped and its requests done online.",
+                record.input_file_id,
+                self.endpoint,
+            )
+            self.kept.delete(record)
+            return None
+        return self._create(record)
 
     # -- collecting -----------------------------------------------------------------
 
@@ -265,7 +271,7 @@ class BatchJobs:
                 if polled is None:
                     continue
                 record, batch = polled
-                if batch is None or batch.status not in _TERMINAL:
+                if batch is None or not batch.ended:
                     running.append(record)
                 elif not self._finish(record, batch, collected):
                     running.append(record)  # read again at the next poll
@@ -282,7 +288,7 @@ class BatchJobs:
 
     def _poll(
         self, record: JobRecord, start: float, orphaned: dict[str, float]
-    ) -> tuple[JobRecord, Batch | None] | None:
+    ) -> tuple[JobRecord, BatchState | None] | None:
         """The record (with its batch id) and the batch's state now.
 
         The batch is None when there is no news: a transient API error, or a batch
@@ -291,23 +297,52 @@ class BatchJobs:
         finished it.
         """
         try:
-            if record.batch_id is None and record.input_file_id not in self._own:
-                # Another process may have added its batch id, or read it.
-                reloaded = self.kept.get(record)
-                if reloaded is None:
-                    return None
-                record = reloaded
-            if record.batch_id is None:
-                since = orphaned.setdefault(record.input_file_id, self.settings.clock())
-                record, found = self._adopt(record, since)
-                if found is None:
-                    return record, None
-                batch = found
-            else:
-                batch = self.client.batches.retrieve(record.batch_id)
-        except openai.NotFoundError:
+            found = self._batch_of(record, orphaned)
+        except Exception as error:  # noqa: BLE001 - raised again unless known
+            return self._poll_failed(record, error)
+        if found is None:
+            return None
+        record, batch = found
+        if batch is None:
+            return record, None
+        if batch.status != record.state:  # seen in the records table
+            self.kept.set_state(record, batch.status)
+            record = record.model_copy(update={"state": batch.status})
+        if self.progress is not None:
+            self.progress(
+                BatchProgress(
+                    batch_id=batch.id,
+                    status=batch.status,
+                    completed=batch.completed,
+                    failed=batch.failed,
+                    total=batch.total or len(record.custom_ids),
+                    waited=self.settings.clock() - start,
+                )
+            )
+        return record, batch
+
+    def _batch_of(
+        self, record: JobRecord, orphaned: dict[str, float]
+    ) -> tuple[JobRecord, BatchState | None] | None:
+        """`_poll`'s answer, but for the state's bookkeeping; errors raised."""
+        if record.batch_id is None and record.input_file_id not in self._own:
+            # Another process may have added its batch id, or read it.
+            reloaded = self.kept.get(record)
+            if reloaded is None:
+                return None
+            record = reloaded
+        if record.batch_id is None:
+            since = orphaned.setdefault(record.input_file_id, self.settings.clock())
+            return self._adopt(record, since)
+        return record, self.provider.retrieve(record.batch_id)
+
+    def _poll_failed(
+        self, record: JobRecord, error: Exception
+    ) -> tuple[JobRecord, BatchState | None] | None:
+        """A poll's error: the record dropped (None) or no news; else raised."""
+        if self.provider.is_unknown(error):
             logger.warning(
-                "Batch %s (file %s) is unknown to %s; its record is dropped and "
+                "Batch %s (job %s) is unknown to %s; its record is dropped and "
                 "its requests will be sent again.",
                 record.batch_id,
                 record.input_file_id,
@@ -315,47 +350,31 @@ class BatchJobs:
             )
             self.kept.delete(record)
             return None
-        except Exception as error:
-            if not self._transient(error):
-                raise
-            logger.warning(
-                "Polling batch %s failed (%s); trying again at the next poll.",
-                record.batch_id or record.input_file_id,
-                error,
-            )
-            return record, None
-        if batch.status != record.state:  # seen in the records table
-            self.kept.set_state(record, batch.status)
-            record = record.model_copy(update={"state": batch.status})
-        if self.progress is not None:
-            counts = batch.request_counts
-            self.progress(
-                BatchProgress(
-                    batch_id=batch.id,
-                    status=batch.status,
-                    completed=counts.completed if counts else 0,
-                    failed=counts.failed if counts else 0,
-                    total=counts.total if counts else len(record.custom_ids),
-                    waited=self.settings.clock() - start,
-                )
-            )
-        return record, batch
+        if not self._transient(error):
+            raise error
+        logger.warning(
+            "Polling batch %s failed (%s); trying again at the next poll.",
+            record.batch_id or record.input_file_id,
+            error,
+        )
+        return record, None
 
-    def _finish(self, record: JobRecord, batch: Batch, collected: Collected) -> bool:
+    def _finish(
+        self, record: JobRecord, batch: BatchState, collected: Collected
+    ) -> bool:
         """Store an ended batch's answers and drop its record, at once.
 
         False if a transient error stopped the download (tried at the next poll).
         """
-        if batch.status == "failed":
+        if batch.refusals:
             collected.failed_batches.append(batch)
             self.kept.delete(record)
             return True
+        answers: dict[str, str] = {}
+        failures: dict[str, str] = {}
         try:
-            contents = [
-                self.client.files.content(file_id).text
-                for file_id in (batch.output_file_id, batch.error_file_id)
-                if file_id is not None
-            ]
+            # Read whole before anything is stored: an error leaves nothing half done.
+            lines = list(self.provider.results(batch))
         except Exception as error:
             if not self._transient(error):
                 raise
@@ -366,14 +385,11 @@ class BatchJobs:
                 error,
             )
             return False
-        answers: dict[str, str] = {}
-        failures: dict[str, str] = {}
-        for content in contents:
-            for custom_id, body, why in _lines(content):
-                if body is not None:
-                    answers[custom_id] = body
-                else:
-                    failures[custom_id] = why
+        for custom_id, body, why in lines:
+            if body is not None:
+                answers[custom_id] = body
+            else:
+                failures[custom_id] = why
         for custom_id in record.custom_ids:
             if custom_id not in answers and custom_id not in failures:
                 failures[custom_id] = f"no answer in batch {batch.status}"
@@ -387,17 +403,17 @@ class BatchJobs:
     # -- answers --------------------------------------------------------------------
 
     def answers(self, custom_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """The stored answers (chat completion bodies) of `custom_ids`."""
-        stored = self.kept.answers(PROVIDER, self.lane, custom_ids)
+        """The stored answers (the provider's answer bodies) of `custom_ids`."""
+        stored = self.kept.answers(self.name, self.lane, custom_ids)
         return {custom_id: json.loads(value) for custom_id, value in stored.items()}
 
     def answered(self, custom_ids: Iterable[str]) -> set[str]:
         """Those of `custom_ids` whose answers are stored."""
-        return self.kept.answered(PROVIDER, self.lane, custom_ids)
+        return self.kept.answered(self.name, self.lane, custom_ids)
 
     def forget(self, custom_ids: Iterable[str]) -> None:
         """Delete the stored answers of `custom_ids` (kept elsewhere now)."""
-        self.kept.forget(PROVIDER, self.lane, custom_ids)
+        self.kept.forget(self.name, self.lane, custom_ids)
 
     def cancel(self) -> list[str]:
         """Ask the API to cancel every recorded batch still running; their ids."""
@@ -405,32 +421,7 @@ class BatchJobs:
         for record in self.records():
             if record.batch_id is None:
                 continue
-            batch = self.client.batches.retrieve(record.batch_id)
-            if batch.status in _RUNNING and batch.status != "cancelling":
-                self.client.batches.cancel(record.batch_id)
+            if self.provider.retrieve(record.batch_id).cancellable:
+                self.provider.cancel(record.batch_id)
                 cancelled.append(record.batch_id)
         return cancelled
-
-
-def _lines(content: str) -> Iterable[tuple[str, str | None, str]]:
-    """(custom id, answer body as JSON or None, why not) of an output or error file."""
-    for raw in json_lines(content):
-        if not raw.strip():
-            continue
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue  # its request is then reported as not answered
-        custom_id = line.get("custom_id")
-        if not isinstance(custom_id, str):
-            continue
-        response = line.get("response") or {}
-        error = line.get("error")
-        status = response.get("status_code")
-        body = response.get("body")
-        if error:
-            yield custom_id, None, str(error.get("code") or "error")
-        elif status != 200 or not isinstance(body, dict):  # noqa: PLR2004
-            yield custom_id, None, f"HTTP {status}"
-        else:
-            yield custom_id, json.dumps(body), ""

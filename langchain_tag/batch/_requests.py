@@ -1,4 +1,4 @@
-"""A model call as a Batch API request body, and its answer read back as the call.
+"""A model call as an OpenAI Batch API request body, and its answer read back.
 
 A line's body is the request the online call POSTs: ChatOpenAI's own payload
 (`_get_request_payload`, what its `_generate` sends), with the arguments the call
@@ -37,6 +37,7 @@ from openai.lib._parsing import (  # the SDK's own, used by chat.completions.par
 )
 from openai.types.chat import ChatCompletion
 
+from langchain_tag.batch._providers import unsupported
 from langchain_tag.errors import BatchLaneError
 from langchain_tag.execution import ActionOnlyExecutor
 from langchain_tag.matching import ApplicabilityJudge
@@ -48,12 +49,7 @@ ENDPOINT: Final = "/v1/chat/completions"
 
 def _openai_model(llm: BaseChatModel, owner: str) -> ChatOpenAI:
     if not isinstance(llm, ChatOpenAI):
-        msg = (
-            f"The batch lane sends OpenAI Batch API requests, so the {owner}'s model "
-            "must be langchain_openai.ChatOpenAI (or a subclass) on an API that serves "
-            f"/v1/batches; it is {type(llm).__name__}. Judge online instead."
-        )
-        raise BatchLaneError(msg)
+        raise unsupported(llm, owner)
     return llm
 
 
@@ -136,6 +132,11 @@ class ChatCall:
     def model(self) -> str:
         """The model every request names (one model per batch file)."""
         return str(self.llm.model_name)
+
+    @property
+    def invocation_params(self) -> dict[str, Any]:
+        """The model's settings, as its own runs report them."""
+        return dict(self.llm._default_params)  # noqa: SLF001 - see the module docstring
 
     def body(self, messages: Sequence[BaseMessage]) -> dict[str, Any]:
         """The request body the online call POSTs for `messages`.

@@ -1,4 +1,4 @@
-"""Judging and executing through OpenAI's Batch API: the public functions.
+"""Judging and executing through a provider's batch API: the public functions.
 
 `judge_in_batch` fills the judge's verdict cache (and its verdict log) from batch
 answers; `execute_in_batch` returns the executor's outputs and stores its answers.
@@ -13,9 +13,8 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
-import openai
 from langchain_core.callbacks import CallbackManager
 from langchain_core.documents import Document
 from langchain_core.load import dumpd
@@ -33,12 +32,15 @@ from langchain_tag.batch._jobs import (
     BatchSettings,
     Collected,
 )
-from langchain_tag.batch._records import JobRecords, Lane, job_records
-from langchain_tag.batch._requests import (
-    ChatCall,
-    request_hash,
-    sdk_client,
+from langchain_tag.batch._providers import (
+    ModelCall,
+    executor_call,
+    judge_call,
+    provider_for,
+    provider_of_client,
 )
+from langchain_tag.batch._records import JobRecords, Lane, job_records
+from langchain_tag.batch._requests import request_hash
 from langchain_tag.cache import InMemoryVerdictCache
 from langchain_tag.errors import BatchFailedError, BatchLaneError
 from langchain_tag.execution import ActionOnlyExecutor
@@ -47,6 +49,12 @@ from langchain_tag.matching import ApplicabilityJudge, BaseJudge, Verdict
 from langchain_tag.models import CallRetry
 from langchain_tag.rules import Rule
 from langchain_tag.usage import TokenUsage
+
+if TYPE_CHECKING:
+    import anthropic
+    import openai
+
+    BatchClient = openai.OpenAI | anthropic.Anthropic
 
 __all__ = [
     "BatchExecution",
@@ -152,14 +160,14 @@ def judge_in_batch(
     judge: BaseJudge,
     pairs: Iterable[tuple[str, Rule]],
     *,
-    client: openai.OpenAI | None = None,
+    client: BatchClient | None = None,
     store: BaseStore[str, str] | None = None,
     settings: BatchSettings | None = None,
     progress: Callable[[BatchProgress], None] | None = None,
     config: RunnableConfig | None = None,
     explored: Mapping[tuple[str, str], float] | None = None,
 ) -> BatchReport:
-    """Judge (input, rule) pairs through OpenAI's Batch API, into the judge's cache.
+    """Judge (input, rule) pairs through a batch API, into the judge's cache.
 
     Each pair not in the judge's cache becomes one request, the very call the judge
     makes online (same messages, prompt, structured output, temperature, logprobs;
@@ -174,10 +182,12 @@ def judge_in_batch(
     pairs, which polls those batches instead of paying for them again.
 
     Args:
-        judge: An `ApplicabilityJudge` on a `ChatOpenAI`, one rule per call, with
+        judge: An `ApplicabilityJudge` on a `ChatOpenAI` (OpenAI's Batch API) or a
+            `ChatAnthropic` (Anthropic's Message Batches), one rule per call, with
             a cache (give it a `SQLiteVerdictCache` to resume across processes).
         pairs: (input, rule) pairs; repeats are judged once.
-        client: The OpenAI client for files and batches; default the judge's
+        client: The `openai.OpenAI` (or `anthropic.Anthropic`) client for the
+            batches; default one of the judge's
             model's own (`root_client`: its key, base URL and retries).
         store: Where batches and answers are recorded; default the judge's cache.
             Beside a `SQLiteVerdictCache` or `PostgresVerdictCache`, in tables of
@@ -204,7 +214,7 @@ def judge_in_batch(
             f"a {type(judge).__name__} decides otherwise. Judge online."
         )
         raise BatchLaneError(msg)
-    call = ChatCall.of_judge(judge)
+    call = judge_call(judge)
     cache = _checked_cache(judge.cache)
     wanted: dict[str, tuple[str, Rule]] = {}
     for text, rule in pairs:
@@ -214,7 +224,7 @@ def judge_in_batch(
     _check_room(cache, len(pending))
     kept = _kept(store or cache)
     jobs = BatchJobs(
-        client or sdk_client(judge.llm, "judge"),
+        provider_for(call.llm, "judge", client),
         kept,
         "judge",
         settings or BatchSettings(),
@@ -315,7 +325,7 @@ def execute_in_batch(
     items: Sequence[tuple[str, Sequence[Document | Rule]]],
     *,
     store: BaseStore[str, str],
-    client: openai.OpenAI | None = None,
+    client: BatchClient | None = None,
     settings: BatchSettings | None = None,
     progress: Callable[[BatchProgress], None] | None = None,
     config: RunnableConfig | None = None,
@@ -331,11 +341,11 @@ def execute_in_batch(
     or parse is executed online (`executor.invoke`, retried by `retry`).
 
     Args:
-        executor: An `ActionOnlyExecutor` on a `ChatOpenAI`.
+        executor: An `ActionOnlyExecutor` on a `ChatOpenAI` or a `ChatAnthropic`.
         items: (input, matched rules) per execution.
         store: Where answers and batches are kept, as `judge_in_batch` keeps
             them (`SQLiteVerdictCache(path)`, say: its file's batch tables).
-        client: The OpenAI client; default the executor's model's own.
+        client: The provider's SDK client; default the executor's model's own.
         settings: File limits, polling, `max_wait`.
         progress: Called with each poll of each batch.
         config: Callbacks, tags and metadata (see `judge_in_batch`).
@@ -349,10 +359,11 @@ def execute_in_batch(
         batch) and the report.
 
     Raises:
-        BatchLaneError: The executor's model is not a `ChatOpenAI`.
+        BatchLaneError: The executor's model is neither a `ChatOpenAI` nor a
+            `ChatAnthropic`.
         BatchFailedError: A batch failed validation; the others' answers are kept.
     """
-    call = ChatCall.of_executor(executor)
+    call = executor_call(executor)
     # Bodies are rendered again where needed, never all kept: a large job's
     # prompts, bodies and answers are in memory a slice at a time.
     ids = [
@@ -366,7 +377,7 @@ def execute_in_batch(
         return executor.messages(*items[first[custom_id]])
 
     jobs = BatchJobs(
-        client or sdk_client(executor.llm, "executor"),
+        provider_for(call.llm, "executor", client),
         _kept(store),
         "execute",
         settings or BatchSettings(),
@@ -535,13 +546,7 @@ def _run(
 
 def _refusals(collected: Collected) -> list[str]:
     """The provider's reasons for the batches it refused, one line per error."""
-    return [
-        f"{batch.id}: {error.code or 'error'}"
-        + (f" at line {error.line}" if error.line is not None else "")
-        + f": {error.message}"
-        for batch in collected.failed_batches
-        for error in ((batch.errors.data if batch.errors else None) or [])
-    ] or [f"{batch.id}: no reason given" for batch in collected.failed_batches]
+    return [line for batch in collected.failed_batches for line in batch.refusals]
 
 
 def _answer(output: Any) -> AIMessage | None:
@@ -557,7 +562,7 @@ def _usage(answers: Iterable[AIMessage]) -> TokenUsage:
 
 def _trace(
     config: RunnableConfig,
-    call: ChatCall,
+    call: ModelCall,
     runs: Iterable[tuple[list[BaseMessage], Any]],
 ) -> None:
     """Report each answer read to the callbacks as the chat model run it was."""
@@ -576,7 +581,7 @@ def _trace(
         (run,) = manager.on_chat_model_start(
             serialized,
             [messages],
-            invocation_params={"batch": True, **call.llm._default_params},  # noqa: SLF001
+            invocation_params={"batch": True, **call.invocation_params},
             name=type(call.llm).__name__,
         )
         run.on_llm_end(
@@ -593,7 +598,7 @@ def _trace(
 def cancel_batches(
     store: BaseStore[str, str],
     *,
-    client: openai.OpenAI,
+    client: BatchClient,
     lanes: Sequence[Lane] = ("judge", "execute"),
 ) -> list[str]:
     """Cancel the batches recorded beside `store` still running at `client`'s API.
@@ -605,8 +610,9 @@ def cancel_batches(
         The ids of the batches asked to cancel.
     """
     kept = job_records(store)
+    provider = provider_of_client(client)
     return [
         batch_id
         for lane in lanes
-        for batch_id in BatchJobs(client, kept, lane, BatchSettings()).cancel()
+        for batch_id in BatchJobs(provider, kept, lane, BatchSettings()).cancel()
     ]

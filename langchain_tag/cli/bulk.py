@@ -208,6 +208,7 @@ def _run(
     already: int,
 ) -> int:
     """Run the job, its errors said in one line with this command's options."""
+    from langchain_tag.cli._models import batch_api  # noqa: PLC0415
     from langchain_tag.errors import BatchFailedError, BatchLaneError  # noqa: PLC0415
     from langchain_tag.matching.verdicts import failure_kind, failure_reason  # noqa: PLC0415
 
@@ -235,7 +236,7 @@ def _run(
             reason=failure_reason(error),
         )
         endpoint = (
-            " (does this endpoint serve OpenAI's /v1/files and /v1/batches?)"
+            f" (does this endpoint serve {batch_api(args)}?)"
             if args.via == "batch"
             else ""
         )

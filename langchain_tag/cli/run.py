@@ -45,7 +45,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run.add_argument(
         "--model",
         type=model_name,
-        help="model name for the default ChatOpenAI (else $TAG_MODEL)",
+        help="model name for the default ChatOpenAI, or anthropic:NAME for "
+        "ChatAnthropic (else $TAG_MODEL)",
     )
     run.add_argument(
         "-k", type=at_least(0), help="execute with at most K matched rules"

@@ -40,11 +40,13 @@ capacity (`is_capacity_shortage`) and the OpenAI SDK's connection and timeout
 errors."""
 
 
-def _is_openai_connection_error(error: BaseException) -> bool:
-    # Looked up only if the SDK is loaded: importing it costs ~0.8 s, and an error
-    # from it implies it is.
-    openai = sys.modules.get("openai")
-    return openai is not None and isinstance(error, openai.APIConnectionError)
+def _is_sdk_connection_error(error: BaseException) -> bool:
+    # Looked up only if an SDK is loaded: importing one costs ~0.8 s, and an error
+    # from it implies it is. OpenAI's and Anthropic's (the batch lanes' clients).
+    return any(
+        sdk is not None and isinstance(error, sdk.APIConnectionError)
+        for sdk in (sys.modules.get("openai"), sys.modules.get("anthropic"))
+    )
 
 
 def retry_after(error: BaseException | None) -> float | None:
@@ -203,7 +205,7 @@ class CallRetry:
 
     def is_transient(self, error: BaseException) -> bool:
         """Whether `error` is worth retrying."""
-        if isinstance(error, self.retry_on) or _is_openai_connection_error(error):
+        if isinstance(error, self.retry_on) or _is_sdk_connection_error(error):
             return True
         # Our own errors (a JudgmentError) say whether their cause was transient.
         transient = getattr(error, "transient", None)

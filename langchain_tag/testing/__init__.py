@@ -16,10 +16,13 @@
 - `server`: `FakeOpenAIServer`, an OpenAI-compatible HTTP endpoint on loopback.
 - `batch_server`: `FakeBatchServer`, OpenAI's Files and Batch APIs (and chat
   completions) on loopback, batches run by `BatchScript`.
+- `anthropic_batch_server`: `FakeAnthropicBatchServer`, Anthropic's Messages and
+  Message Batches APIs on loopback, batches run by `BatchScript`.
 - `notebook`: `notebook_model()`, the notebooks' real-or-fake model.
 """
 
 from langchain_tag.testing.agents import ToolLoopFakeChatModel
+from langchain_tag.testing.anthropic_batch_server import FakeAnthropicBatchServer
 from langchain_tag.testing.batch_server import BatchScript, FakeBatchServer
 from langchain_tag.testing.embeddings import HashingFakeEmbeddings
 from langchain_tag.testing.extraction import (
@@ -50,6 +53,7 @@ __all__ = [
     "BatchScript",
     "CountingStore",
     "ExtractionFakeChatModel",
+    "FakeAnthropicBatchServer",
     "FakeBatchServer",
     "FakeClock",
     "FakeOpenAIServer",

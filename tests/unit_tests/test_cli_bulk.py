@@ -9,8 +9,13 @@ from typing import Any
 
 import pytest
 
-from langchain_tag import cli
-from langchain_tag.testing import BatchScript, FakeBatchServer, RuleAwareFakeChatModel
+from langchain_tag import Rulebook, cli
+from langchain_tag.testing import (
+    BatchScript,
+    FakeAnthropicBatchServer,
+    FakeBatchServer,
+    RuleAwareFakeChatModel,
+)
 
 RULEBOOK = str(Path(__file__).parent.parent / "fixtures" / "pep8_rulebook.json")
 INPUTS = {
@@ -49,6 +54,18 @@ def batch_api(
     with FakeBatchServer(RuleAwareFakeChatModel()) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", "unused")
+        yield server
+
+
+@pytest.fixture
+def anthropic_api(
+    loopback: None, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FakeAnthropicBatchServer]:
+    """Anthropic's loopback Messages and Message Batches, where ChatAnthropic points."""
+    with FakeAnthropicBatchServer(RuleAwareFakeChatModel()) as server:
+        monkeypatch.delenv("ANTHROPIC_API_URL", raising=False)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "unused")
         yield server
 
 
@@ -394,3 +411,74 @@ def test_decision_options_are_checked(
     command = ["run", RULEBOOK, "--inputs", str(inputs), "-o", str(out), *extra]
     assert cli.main(command) == 2
     assert refused in capsys.readouterr().err
+
+
+def test_via_batch_with_an_anthropic_model(
+    tmp_path: Path,
+    inputs: Path,
+    anthropic_api: FakeAnthropicBatchServer,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model = ["--model", "anthropic:claude-haiku-4-5"]
+    argv = ["run", RULEBOOK, "--inputs", str(inputs), *model]
+    assert cli.main([*argv, "-o", str(tmp_path / "online.jsonl")]) == 0
+    online = _records(tmp_path / "online.jsonl")
+    anthropic_api.requests.clear()
+    out = tmp_path / "out.jsonl"
+    batch = [*argv, "-o", str(out), "--via", "batch", "--poll-interval", "0"]
+    assert cli.main(batch) == 0
+    assert "via batch" in capsys.readouterr().out
+    assert anthropic_api.hits["POST /v1/messages/batches"] == 2  # judge, execute
+    records = _records(out)
+    assert {k: r["matched"] for k, r in records.items()} == {
+        k: r["matched"] for k, r in online.items()
+    }
+    assert records["a"]["matched"] == ["PEP8-IMPORT-WILDCARD"]
+    # No judgment ever carries an action; the executions carry the matched ones.
+    actions = [rule.action for rule in Rulebook.load(RULEBOOK).rules]
+    judged = json.dumps(anthropic_api.batch_requests("msgbatch_1"))
+    assert not [action for action in actions if action in judged]
+    sent = json.dumps(anthropic_api.requests)
+    matched = {m for r in records.values() for m in r["matched"]}
+    unmatched = [
+        r.action for r in Rulebook.load(RULEBOOK).rules if r.rule_id not in matched
+    ]
+    assert not [action for action in unmatched if action in sent]
+
+
+def test_anthropic_batches_still_running_exit_75_and_resume(
+    tmp_path: Path,
+    inputs: Path,
+    anthropic_api: FakeAnthropicBatchServer,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "out.jsonl"
+    argv = ["run", RULEBOOK, "--inputs", str(inputs), "-o", str(out), "--match-only"]
+    batch = [*argv, "--model", "anthropic:claude-haiku-4-5", "--via", "batch"]
+    assert cli.main([*batch, "--poll-interval", "0", "--max-wait", "0"]) == 75
+    assert "still in running batches" in capsys.readouterr().err
+    assert cli.main([*batch, "--poll-interval", "0"]) == 0
+    assert anthropic_api.hits["POST /v1/messages/batches"] == 1  # polled, not re-sent
+    assert anthropic_api.hits["POST /v1/messages"] == 0
+    assert sorted(_records(out)) == ["a", "b", "c"]
+    assert cli.main([*batch, "--service-tier", "flex"]) == 2
+    assert "--service-tier is OpenAI's" in capsys.readouterr().err
+
+
+def test_an_unreachable_anthropic_batch_api_is_one_line(
+    tmp_path: Path,
+    inputs: Path,
+    loopback: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_URL", raising=False)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "unused")
+    out = tmp_path / "out.jsonl"
+    argv = ["run", RULEBOOK, "--inputs", str(inputs), "-o", str(out), "--match-only"]
+    model = ["--model", "anthropic:claude-haiku-4-5"]
+    assert cli.main([*argv, *model, "--via", "batch", "--poll-interval", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "does this endpoint serve Anthropic's /v1/messages/batches?" in err
+    assert "Traceback" not in err
