@@ -31,7 +31,8 @@ import logging
 import os
 import pickle
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from langchain_core.runnables import RunnableConfig
 
@@ -71,20 +72,35 @@ def require_ray() -> Any:
     return ray
 
 
-class _Worker:
-    """One actor of the pool: one job built from the recipe, batches run through it."""
+@dataclass(frozen=True)
+class _Spec:
+    """What every worker of a run gets, pickled by value with its class."""
 
-    def __init__(
-        self,
-        recipe: Callable[[], BulkJob],
-        manifest: dict[str, Any],
-        config: dict[str, Any],
-        keyed: bool,  # noqa: FBT001 - Ray passes constructor arguments by keyword
-    ) -> None:
-        self.job = recipe()
-        self.config = config
-        self.keyed = keyed
+    recipe: Callable[[], BulkJob]
+    manifest: dict[str, Any]
+    config: dict[str, Any]
+    environment: dict[str, str]
+    keyed: bool
+
+
+class _Worker:
+    """One actor of the pool: one job built from the recipe, batches run through it.
+
+    A run subclasses it with its `spec` (`_map`): the spec travels with the class,
+    by value, and the actor takes no arguments.
+    """
+
+    spec: ClassVar[_Spec]
+
+    def __init__(self) -> None:
+        # The worker process is this actor's alone: its environment configures
+        # the models as the driver's does (a cluster's nodes do not share it).
+        os.environ.update(self.spec.environment)
+        self.job = self.spec.recipe()
+        self.config = self.spec.config
+        self.keyed = self.spec.keyed
         ours = json.loads(json.dumps(self.job.manifest()))
+        manifest = self.spec.manifest
         if ours != manifest:
             differ = ", ".join(
                 sorted(k for k in {*ours, *manifest} if ours.get(k) != manifest.get(k))
@@ -136,9 +152,11 @@ def _plain(value: Any) -> str | int:
 def _pickled(error: Exception) -> bytes:
     """A failure as it travels to the driver (its type kept when it pickles)."""
     try:
-        return pickle.dumps(error)
+        pickled = pickle.dumps(error)
+        pickle.loads(pickled)  # noqa: S301 - its own bytes: does it come back?
     except Exception:  # noqa: BLE001 - an exception holding live objects
         return pickle.dumps(RuntimeError(f"{type(error).__name__}: {error}"))
+    return pickled
 
 
 def _environment() -> dict[str, str]:
@@ -160,14 +178,15 @@ def _map(
     ray = require_ray()
     assert job.recipe is not None  # noqa: S101 - checked by BulkJob
     cpus = float(ray.cluster_resources().get("CPU", 1.0))
+    spec = _Spec(
+        recipe=job.recipe,
+        manifest=json.loads(json.dumps(job.manifest())),
+        config={k: v for k, v in (config or {}).items() if k in _CONFIG_KEYS},
+        environment=_environment(),
+        keyed=keyed,
+    )
     return dataset.map_batches(
-        _Worker,
-        fn_constructor_kwargs={
-            "recipe": job.recipe,
-            "manifest": json.loads(json.dumps(job.manifest())),
-            "config": {k: v for k, v in (config or {}).items() if k in _CONFIG_KEYS},
-            "keyed": keyed,
-        },
+        type("TagBulkWorker", (_Worker,), {"spec": spec}),
         # Small batches: progress comes in steps of this, and a dead worker's
         # batch is all that is done again.
         batch_size=job.concurrency,
@@ -175,7 +194,6 @@ def _map(
         # Judging waits on the network: a worker needs little CPU, and the pool
         # must fit beside Ray Data's own tasks.
         num_cpus=min(1.0, cpus / (workers + 1)),
-        runtime_env={"env_vars": _environment()},
     )
 
 
