@@ -15,7 +15,8 @@ than a loop:
 - **Shardable.** `Shard(index, count)` keeps the ids whose hash falls in its
   share, so N machines split one corpus without coordinating; with a shared
   PostgreSQL verdict cache and log, a pair judged by one machine is never paid
-  for by another.
+  for by another. Or one run spreads over a Ray pool (`backend="ray"`,
+  `langchain_tag.bulk_ray`), still writing one output here.
 - **At batch prices.** `via="batch"` sends the judgments (`MatchEngine.prejudge`)
   and, unless `match_only`, the executor calls through the OpenAI Batch API;
   matching then reads the verdicts from the cache.
