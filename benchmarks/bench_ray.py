@@ -124,7 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     import ray  # noqa: PLC0415 - the ray extra
 
     started = time.perf_counter()
-    ray.init(num_cpus=args.workers, include_dashboard=False, logging_level="WARNING")
+    ray.init(
+        num_cpus=args.workers, include_dashboard=False, logging_level=logging.WARNING
+    )
     ray_init = time.perf_counter() - started
     ray.shutdown()
 
