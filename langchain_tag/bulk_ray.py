@@ -22,6 +22,9 @@ What a failure costs:
   the driver, between runs (`tag prefilter train`).
 
 Ray is imported here only, when a Ray run starts: `pip install 'langchain-tag[ray]'`.
+Without an address, a local Ray is started for the run (node address 127.0.0.1,
+no dashboard) and stopped after; a Ray already initialised in the process (a
+notebook's, a test's) is joined and left running.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from langchain_core.runnables import RunnableConfig
 
 from langchain_tag.bulk import BulkInput, BulkJob, BulkRecord
-from langchain_tag.errors import BulkRunError
+from langchain_tag.errors import BulkRunError, RayMissingError
 from langchain_tag.usage import TokenUsage, UsageCounter
 
 if TYPE_CHECKING:
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
 
     from langchain_tag.bulk import BulkSummary, Progress, _Output
 
-__all__ = ["RayMissingError", "match_dataset", "require_ray", "run_on_ray"]
+__all__ = ["match_dataset", "require_ray", "run_on_ray"]
 
 INSTALL_HINT = "pip install 'langchain-tag[ray]'"
 
@@ -55,10 +58,6 @@ _ENVIRONMENT_PREFIXES = ("OPENAI_", "TAG_", "ANTHROPIC_", "AZURE_OPENAI_")
 
 _CONFIG_KEYS = ("run_name", "tags", "metadata")
 """What of the caller's config travels (callbacks hold live objects: they stay)."""
-
-
-class RayMissingError(ImportError):
-    """`--engine ray` (backend="ray") without Ray installed."""
 
 
 def require_ray() -> Any:
@@ -297,7 +296,8 @@ def _start(ray: Any, job: BulkJob) -> bool:
     ray.init(
         num_cpus=job.workers or os.cpu_count() or 1,
         include_dashboard=False,
-        # Loopback only: a local run opens no port to the network.
+        # The node's address is loopback; Ray's gRPC servers still listen on every
+        # interface (no switch for that), behind its token authentication.
         _node_ip_address="127.0.0.1",
         logging_level=logging.WARNING,
         log_to_driver=False,

@@ -30,6 +30,7 @@ __all__ = [
     "LocalServerError",
     "MissingVerdictLogError",
     "ModelNotConfiguredError",
+    "RayMissingError",
     "ReviewNeedsCheckpointerError",
     "RuleSchemaError",
     "RulebookError",
@@ -236,6 +237,10 @@ class LocalServerError(TAGError, RuntimeError):
         """
         super().__init__(message)
         self.returncode = returncode
+
+
+class RayMissingError(TAGError, ImportError):
+    """A bulk run on Ray (`--engine ray`, backend="ray") without Ray installed."""
 
 
 class ModelNotConfiguredError(TAGError, RuntimeError):
