@@ -58,6 +58,8 @@ from langchain_tag.models import ONE_ATTEMPT, CallRetry, model_identity
 from langchain_tag.usage import TokenUsage, UsageCounter
 
 if TYPE_CHECKING:
+    import ray.data
+
     from langchain_tag.batch import BatchProgress, BatchReport, BatchSettings
     from langchain_tag.execution import ActionOnlyExecutor
     from langchain_tag.rules import Rule
@@ -68,6 +70,7 @@ __all__ = [
     "BulkRecord",
     "BulkSummary",
     "Shard",
+    "match_dataset",
     "read_inputs",
 ]
 
@@ -899,6 +902,23 @@ class BulkJob:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(self.manifest(), indent=2) + "\n", encoding="utf-8")
         tmp.replace(path)
+
+
+def match_dataset(
+    dataset: ray.data.Dataset,
+    job: BulkJob,
+    *,
+    workers: int | None = None,
+    config: RunnableConfig | None = None,
+) -> ray.data.Dataset:
+    """A `ray.data.Dataset` of inputs (`id`, `input`) mapped to one of records.
+
+    `job` has backend="ray" and a recipe; Ray must be initialised. See
+    `langchain_tag.bulk_ray.match_dataset` (this loads Ray only when called).
+    """
+    from langchain_tag.bulk_ray import match_dataset as on_ray  # noqa: PLC0415 - ray
+
+    return on_ray(dataset, job, workers=workers, config=config)
 
 
 def iter_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:

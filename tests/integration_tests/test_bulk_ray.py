@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from langchain_tag import cli
-from langchain_tag.bulk import BulkInput, BulkJob, Shard, read_inputs
+from langchain_tag.bulk import BulkInput, BulkJob, Shard, match_dataset, read_inputs
 from langchain_tag.cache import open_verdict_cache
 from langchain_tag.errors import BulkInputError
 from langchain_tag.rules import Rulebook
@@ -368,6 +368,19 @@ def test_shard_splits_a_ray_run_too(
     mine = {item.key for item in read_inputs(inputs) if item in shard}
     assert f"shard holds {len(mine)} of 12" in printed
     assert set(_records(out)) == mine
+
+
+def test_a_dataset_of_inputs_maps_to_a_dataset_of_records(
+    tmp_path: Path, server: FakeOpenAIServer
+) -> None:
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    job = _job(server.base_url, str(tmp_path / "c.sqlite"), "ray")
+    rows = [{"id": f"d{n}", "input": SNIPPETS[n]} for n in range(4)]
+    mapped = match_dataset(ray.data.from_items(rows), job, workers=1)
+    records = {row["id"]: json.loads(row["record"]) for row in mapped.iter_rows()}
+    assert sorted(records) == ["d0", "d1", "d2", "d3"]
+    assert records["d0"]["matched"] == ["PEP8-IMPORT-WILDCARD"]
+    assert all(len(record["verdicts"]) == RULES for record in records.values())
 
 
 def test_parquet_inputs_are_read_like_json_lines(tmp_path: Path) -> None:
