@@ -15,7 +15,8 @@ than a loop:
 - **Shardable.** `Shard(index, count)` keeps the ids whose hash falls in its
   share, so N machines split one corpus without coordinating; with a shared
   PostgreSQL verdict cache and log, a pair judged by one machine is never paid
-  for by another.
+  for by another. Or one run spreads over a Ray pool (`backend="ray"`,
+  `langchain_tag.bulk_ray`), still writing one output here.
 - **At batch prices.** `via="batch"` sends the judgments (`MatchEngine.prejudge`)
   and, unless `match_only`, the executor calls through the OpenAI Batch API;
   matching then reads the verdicts from the cache.
@@ -33,7 +34,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
@@ -57,6 +58,8 @@ from langchain_tag.models import ONE_ATTEMPT, CallRetry, model_identity
 from langchain_tag.usage import TokenUsage, UsageCounter
 
 if TYPE_CHECKING:
+    import ray.data
+
     from langchain_tag.batch import BatchProgress, BatchReport, BatchSettings
     from langchain_tag.execution import ActionOnlyExecutor
     from langchain_tag.rules import Rule
@@ -67,10 +70,12 @@ __all__ = [
     "BulkRecord",
     "BulkSummary",
     "Shard",
+    "match_dataset",
     "read_inputs",
 ]
 
 Via = Literal["online", "batch"]
+Backend = Literal["local", "ray"]
 Progress = Callable[[int, int], None]
 """Called with (inputs done, inputs to do) as the job goes."""
 
@@ -136,7 +141,9 @@ def read_inputs(
 ) -> list[BulkInput]:
     """The inputs of a JSON Lines file: one `{"id": ..., "input": "..."}` a line.
 
-    Blank lines are skipped; other keys are ignored.
+    Blank lines are skipped; other keys are ignored. A path ending in `.parquet`
+    is read as a Parquet table with columns `id` and `input` (needs `pyarrow`,
+    which the `ray` extra brings).
 
     Raises:
         BulkInputError: The file cannot be read, a line is not such an object, or
@@ -144,6 +151,8 @@ def read_inputs(
     """
     if isinstance(source, (str, os.PathLike)):
         what = what or os.fspath(source)
+        if os.fspath(source).endswith(".parquet"):
+            return _unique(_parquet_inputs(Path(source), what), what, "row")
         try:
             raw = Path(source).read_bytes()
         except OSError as error:
@@ -156,15 +165,24 @@ def read_inputs(
         text = decode_text(raw, what=what)
     except TextEncodingError as error:
         raise BulkInputError(str(error)) from None
+    lines = (
+        (number, _input_of(line, f"{what}, line {number}"))
+        for number, line in enumerate(json_lines(text), 1)
+        if line.strip()
+    )
+    return _unique(lines, what, "line")
+
+
+def _unique(
+    numbered: Iterable[tuple[int, BulkInput]], what: str, unit: str
+) -> list[BulkInput]:
+    """The inputs, refused if an id repeats or there are none."""
     inputs: list[BulkInput] = []
     first_line: dict[str, int] = {}
-    for number, line in enumerate(json_lines(text), 1):
-        if not line.strip():
-            continue
-        item = _input_of(line, f"{what}, line {number}")
+    for number, item in numbered:
         if item.key in first_line:
             msg = (
-                f"{what}, line {number}: id {item.id!r} was already used on line "
+                f"{what}, {unit} {number}: id {item.id!r} was already used on {unit} "
                 f"{first_line[item.key]}; every input needs its own id (the output "
                 "and a resumed run find inputs by id)."
             )
@@ -180,16 +198,50 @@ def read_inputs(
     return inputs
 
 
-def _input_of(line: str, where: str) -> BulkInput:
-    example = '{"id": "a-1", "input": "the text to check"}'
+def _parquet_inputs(path: Path, what: str) -> Iterator[tuple[int, BulkInput]]:
+    """The rows of a Parquet file with columns `id` and `input`, numbered from 1."""
     try:
-        value = json.loads(line)
-    except json.JSONDecodeError as error:
+        import pyarrow.parquet as pq  # noqa: PLC0415 - optional, Parquet only
+    except ImportError:
         msg = (
-            f"{where}: not JSON ({error.msg} at column {error.colno}); "
-            f"expected {example}."
+            f"{what}: reading Parquet needs pyarrow: pip install "
+            "'langchain-tag[ray]' (or pyarrow), or give the inputs as JSON Lines."
         )
         raise BulkInputError(msg) from None
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as error:
+        msg = f"{what}: cannot read the inputs as Parquet ({error})."
+        raise BulkInputError(msg) from None
+    missing = [name for name in ("id", "input") if name not in table.column_names]
+    if missing:
+        msg = (
+            f"{what}: no {' or '.join(map(repr, missing))} column; a Parquet input "
+            f"file needs columns id (string or integer) and input (string), it has "
+            f"{table.column_names}."
+        )
+        raise BulkInputError(msg)
+    ids, texts = table.column("id").to_pylist(), table.column("input").to_pylist()
+    for number, (identifier, text) in enumerate(zip(ids, texts, strict=True), 1):
+        yield (
+            number,
+            _input_of(
+                value={"id": identifier, "input": text}, where=f"{what}, row {number}"
+            ),
+        )
+
+
+def _input_of(line: str | None = None, where: str = "", value: Any = None) -> BulkInput:
+    example = '{"id": "a-1", "input": "the text to check"}'
+    if line is not None:
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as error:
+            msg = (
+                f"{where}: not JSON ({error.msg} at column {error.colno}); "
+                f"expected {example}."
+            )
+            raise BulkInputError(msg) from None
     if not isinstance(value, dict):
         kind = type(value).__name__
         msg = f"{where}: expected a JSON object like {example}, got {kind}."
@@ -420,6 +472,10 @@ class BulkSummary(BaseModel):
     executor_calls: int = 0
     usage: TokenUsage = Field(default_factory=TokenUsage)
     via: Via = "online"
+    backend: Backend = "local"
+    workers: int | None = Field(
+        default=None, description="The Ray actors that did the inputs (backend='ray')."
+    )
     batch: dict[str, Any] | None = Field(
         default=None, description="The batch lane's report, with via='batch'."
     )
@@ -449,6 +505,18 @@ class BulkJob:
             executor a model whose client retries are off, `max_retries=0`).
         batch_settings: The batch lane's file limits, polling and `max_wait`.
         batch_progress: Called with each poll of each batch.
+        backend: "local" (this process) or "ray" (a pool of Ray actors, each with
+            an engine of its own; see `langchain_tag.bulk_ray`). The CLI calls it
+            `--engine`; here `engine` is the matching engine.
+        workers: With backend="ray": the actors (default: the CPUs of the
+            local Ray, or of the cluster).
+        ray_address: With backend="ray": the cluster to join (`ray.init(address)`);
+            None starts a local Ray for the run, on loopback, and stops it after.
+        recipe: With backend="ray": builds this same job in each worker. Live
+            models, caches and locks do not pickle, so the job travels as this
+            function (pickled, e.g. a module-level function or a
+            `functools.partial` of one); each worker checks that what it built
+            has this job's manifest.
     """
 
     engine: MatchEngine
@@ -462,6 +530,10 @@ class BulkJob:
     executor_retry: CallRetry | None = CallRetry()  # noqa: RUF009 - frozen
     batch_settings: BatchSettings | None = None
     batch_progress: Callable[[BatchProgress], None] | None = None
+    backend: Backend = "local"
+    workers: int | None = None
+    ray_address: str | None = None
+    recipe: Callable[[], BulkJob] | None = None
     _torn: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -479,6 +551,49 @@ class BulkJob:
             raise ValueError(msg)
         if self.concurrency < 1:
             msg = f"concurrency must be at least 1, got {self.concurrency!r}."
+            raise ValueError(msg)
+        self._check_backend()
+
+    def _check_backend(self) -> None:
+        if self.backend not in ("local", "ray"):
+            msg = f"backend must be 'local' or 'ray', got {self.backend!r}."
+            raise ValueError(msg)
+        if self.backend == "local":
+            given = [
+                name
+                for name, value in (
+                    ("workers", self.workers),
+                    ("ray_address", self.ray_address),
+                    ("recipe", self.recipe),
+                )
+                if value is not None
+            ]
+            if given:
+                msg = f"{', '.join(given)}: options of backend='ray'."
+                raise ValueError(msg)
+            return
+        if self.via == "batch":
+            msg = (
+                "backend='ray' with via='batch': the Batch API already runs the "
+                "judgments on the provider's side; run via='batch' in one process."
+            )
+            raise ValueError(msg)
+        if self.engine.retrainer is not None:
+            msg = (
+                "backend='ray' with retraining: each worker uses the prefilter it was "
+                "given, and a retraining in one worker would reach no other. Retrain "
+                "between runs, on the driver (tag prefilter train), and run without "
+                "retrain_every."
+            )
+            raise ValueError(msg)
+        if self.recipe is None:
+            msg = (
+                "backend='ray' needs recipe=: a function that builds this job in each "
+                "worker (models, caches and locks do not pickle)."
+            )
+            raise ValueError(msg)
+        if self.workers is not None and self.workers < 1:
+            msg = f"workers must be at least 1, got {self.workers!r}."
             raise ValueError(msg)
 
     @property
@@ -571,10 +686,15 @@ class BulkJob:
             judgments=0,
             cached=0,
             via=self.via,
+            backend=self.backend,
             torn_line=torn,
         )
         try:
-            if self.via == "batch" and todo:
+            if self.backend == "ray":
+                from langchain_tag.bulk_ray import run_on_ray  # noqa: PLC0415 - ray
+
+                run_on_ray(self, todo, output, summary, config, progress)
+            elif self.via == "batch" and todo:
                 self._run_batch(todo, output, summary, config, progress)
             else:
                 self._run_online(todo, output, summary, config, progress)
@@ -631,7 +751,25 @@ class BulkJob:
     ) -> None:
         if progress is not None:
             progress(0, len(todo))
-        failure: BulkRunError | None = None
+        for item, outcome in self._records(todo, config):
+            if isinstance(outcome, Exception):
+                raise BulkRunError(item.id, outcome, summary.done)
+            self._count(outcome, summary)
+            output.append(outcome.line(match_only=self.match_only))
+            if progress is not None:
+                progress(summary.done, len(todo))
+
+    def _records(
+        self, todo: Sequence[BulkInput], config: RunnableConfig
+    ) -> Iterator[tuple[BulkInput, BulkRecord | Exception]]:
+        """Each input's record as it is done, `concurrency` at a time.
+
+        The first failure is yielded (as the exception) last: the inputs not
+        started are cancelled, those in progress are finished and yielded first,
+        so what was paid for is written. A Ray worker runs its batches through
+        this same loop.
+        """
+        failure: tuple[BulkInput, Exception] | None = None
         pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.concurrency, thread_name_prefix="tag-bulk"
         )
@@ -645,18 +783,15 @@ class BulkJob:
                     continue
                 except Exception as error:  # noqa: BLE001 - reported with its input
                     if failure is None:
-                        failure = BulkRunError(item.id, error, summary.done)
+                        failure = (item, error)
                         for waiting in futures:
                             waiting.cancel()
                     continue
-                self._count(record, summary)
-                output.append(record.line(match_only=self.match_only))
-                if progress is not None:
-                    progress(summary.done, len(todo))
+                yield item, record
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         if failure is not None:
-            raise BulkRunError(failure.input_id, failure.cause, summary.done)
+            yield failure
 
     def _count(self, record: BulkRecord, summary: BulkSummary) -> None:
         summary.done += 1
@@ -767,6 +902,23 @@ class BulkJob:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(self.manifest(), indent=2) + "\n", encoding="utf-8")
         tmp.replace(path)
+
+
+def match_dataset(
+    dataset: ray.data.Dataset,
+    job: BulkJob,
+    *,
+    workers: int | None = None,
+    config: RunnableConfig | None = None,
+) -> ray.data.Dataset:
+    """A `ray.data.Dataset` of inputs (`id`, `input`) mapped to one of records.
+
+    `job` has backend="ray" and a recipe; Ray must be initialised. See
+    `langchain_tag.bulk_ray.match_dataset` (this loads Ray only when called).
+    """
+    from langchain_tag.bulk_ray import match_dataset as on_ray  # noqa: PLC0415 - ray
+
+    return on_ray(dataset, job, workers=workers, config=config)
 
 
 def iter_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:

@@ -30,6 +30,7 @@ __all__ = [
     "LocalServerError",
     "MissingVerdictLogError",
     "ModelNotConfiguredError",
+    "RayMissingError",
     "ReviewNeedsCheckpointerError",
     "RuleSchemaError",
     "RulebookError",
@@ -47,6 +48,23 @@ __all__ = [
 
 class TAGError(Exception):
     """Base class of the exceptions defined by langchain-tag."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by state: an input's failure travels back from a Ray worker.
+
+        The default would call the class with the message alone, which most of
+        these `__init__`s do not take.
+        """
+        return (_restored, (type(self), self.args, self.__dict__))
+
+
+def _restored(
+    kind: type[TAGError], args: tuple[Any, ...], state: dict[str, Any]
+) -> TAGError:
+    error = kind.__new__(kind, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 # --- The errors and warnings, by name ---------------------------------------------
@@ -219,6 +237,10 @@ class LocalServerError(TAGError, RuntimeError):
         """
         super().__init__(message)
         self.returncode = returncode
+
+
+class RayMissingError(TAGError, ImportError):
+    """A bulk run on Ray (`--engine ray`, backend="ray") without Ray installed."""
 
 
 class ModelNotConfiguredError(TAGError, RuntimeError):

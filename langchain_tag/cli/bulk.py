@@ -1,8 +1,9 @@
 """`tag run RULEBOOK --inputs IN.jsonl -o OUT.jsonl`: a rulebook over a corpus.
 
 The options a bulk run adds to `tag run`; the job itself is `langchain_tag.bulk`.
-Resumable (a rerun skips the ids already written), shardable (`--shard I/N`),
-at batch prices (`--via batch`), and priced before it starts (`--estimate`).
+Resumable (a rerun skips the ids already written), spread over a Ray pool
+(`--engine ray`) or split by hand (`--shard I/N`), at batch prices (`--via
+batch`), and priced before it starts (`--estimate`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import hashlib
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
     from langchain_tag.batch import BatchProgress
     from langchain_tag.bulk import BulkInput, BulkJob, BulkSummary
+    from langchain_tag.learning import LearnedPrefilter
     from langchain_tag.rules import Rulebook
 
 
@@ -96,7 +99,26 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         "--shard",
         metavar="I/N",
         type=_shard,
-        help="only the I-th of N shares of the ids",
+        help="only the I-th of N shares of the ids (each share a run of its own, "
+        "e.g. one per machine without a cluster; with a cluster, --engine ray)",
+    )
+    bulk.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="local: this process; ray: a pool of Ray workers, each with its own "
+        "judge (pip install 'langchain-tag[ray]')",
+    )
+    bulk.add_argument(
+        "--workers",
+        type=at_least(1),
+        help="--engine ray: worker actors (default: the CPUs of Ray)",
+    )
+    bulk.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="--engine ray: the cluster to join (ray://host:10001, or auto); "
+        "default: a local Ray for this run",
     )
     bulk.add_argument(
         "--estimate",
@@ -180,6 +202,7 @@ def bulk_command(args: argparse.Namespace) -> int:
     if orphans and args.learned_prefilter is None:
         msg = f"{', '.join(orphans)}: options of --learned-prefilter MODEL.npz."
         raise CommandError(msg)
+    _check_engine(args)
     prices.check(args)
     out = Path(args.output)
     if not args.estimate:
@@ -197,6 +220,40 @@ def bulk_command(args: argparse.Namespace) -> int:
     if args.estimate:
         return _estimate(args, job, todo, already)
     return _run(args, job, inputs, out, len(todo), already)
+
+
+def _check_engine(args: argparse.Namespace) -> None:
+    """Refuse Ray options without --engine ray, and what a Ray run cannot do."""
+    if args.engine != "ray":
+        ray_only = [
+            option
+            for option, given in (
+                ("--workers", args.workers),
+                ("--ray-address", args.ray_address),
+            )
+            if given is not None
+        ]
+        if ray_only:
+            msg = f"{', '.join(ray_only)}: options of --engine ray."
+            raise CommandError(msg)
+        return
+    if args.via == "batch":
+        msg = (
+            "--engine ray with --via batch: the Batch API already spreads the "
+            "judgments on the provider's side; drop one of them."
+        )
+        raise CommandError(msg)
+    if args.retrain_every is not None:
+        msg = (
+            "--retrain-every with --engine ray: each worker uses the prefilter it "
+            "was given; retrain between runs (tag prefilter train) and pass the "
+            "new --learned-prefilter."
+        )
+        raise CommandError(msg)
+    if not args.estimate:
+        from langchain_tag.bulk_ray import require_ray  # noqa: PLC0415 - ray, optional
+
+        require_ray()  # missing: one line naming the install, before anything runs
 
 
 def _run(
@@ -269,7 +326,13 @@ def _failed(error: BulkRunError) -> str:
     return f"{error} Nothing was assumed about any rule; {what}."
 
 
-def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
+def _job(
+    args: argparse.Namespace,
+    rulebook: Rulebook,
+    out: Path,
+    loaded: _Prefilter | None = None,
+) -> BulkJob:
+    """The job of these options; `loaded`: the prefilter, when a worker builds it."""
     from langchain_tag._names import named  # noqa: PLC0415
     from langchain_tag.bulk import BulkJob  # noqa: PLC0415
     from langchain_tag.cache import open_verdict_cache  # noqa: PLC0415
@@ -287,12 +350,15 @@ def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
     decision = decision_options(args)
     # A decision model judges; the executor is the chat model (none: match only).
     llm = None if args.match_only and decision else model_from(args)
-    prefilter = None
-    if args.learned_prefilter is not None:
+    if loaded is None and args.learned_prefilter is not None:
         extra = (
             {} if args.target_recall is None else {"target_recall": args.target_recall}
         )
-        prefilter = LearnedPrefilter.load(args.learned_prefilter, rulebook, **extra)
+        loaded = _Prefilter(
+            LearnedPrefilter.load(args.learned_prefilter, rulebook, **extra),
+            _file_digest(args.learned_prefilter),
+        )
+    prefilter = None if loaded is None else loaded.model
     cache = args.cache or f"{out}.cache.sqlite"
     settings = MatchSettings(
         llm=decision.get("llm", llm),
@@ -350,6 +416,14 @@ def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
         via=args.via,
         shard=args.shard,
         concurrency=args.concurrency,
+        backend=args.engine,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        recipe=(
+            _Recipe(_portable(args), rulebook, out.absolute(), loaded)
+            if args.engine == "ray"
+            else None
+        ),
         batch_settings=batch_settings,
         batch_progress=_batch_progress,
         settings={
@@ -364,15 +438,49 @@ def _job(args: argparse.Namespace, rulebook: Rulebook, out: Path) -> BulkJob:
                     "decision_threshold": settings.decision_threshold,
                 }
             ),
-            "learned_prefilter": (
-                None
-                if args.learned_prefilter is None
-                else _file_digest(args.learned_prefilter)
-            ),
+            "learned_prefilter": None if loaded is None else loaded.digest,
             "target_recall": args.target_recall,
             "explore": args.explore,
         },
     )
+
+
+@dataclass(frozen=True)
+class _Prefilter:
+    """A learned prefilter loaded on the driver, and the digest of its file."""
+
+    model: LearnedPrefilter
+    digest: str
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """How a Ray worker builds this command's job: pickled, by value.
+
+    The options, the rulebook and the prefilter travel as they are (a worker on
+    another machine has neither the rulebook's file nor the model's); the models
+    are configured from the command's options and environment variables, which
+    `langchain_tag.bulk_ray` forwards.
+    """
+
+    args: argparse.Namespace
+    rulebook: Rulebook
+    out: Path
+    prefilter: _Prefilter | None
+
+    def __call__(self) -> BulkJob:
+        return _job(self.args, self.rulebook, self.out, self.prefilter)
+
+
+def _portable(args: argparse.Namespace) -> argparse.Namespace:
+    """The options as a worker needs them: paths absolute, no handler function."""
+    options = {**vars(args)}
+    options.pop("handler", None)
+    for name in ("cache", "verdict_log"):
+        location = options.get(name)
+        if location is not None and "://" not in location:
+            options[name] = str(Path(location).absolute())
+    return argparse.Namespace(**options)
 
 
 def _file_digest(path: str) -> str:
@@ -490,6 +598,11 @@ def _format_summary(summary: BulkSummary, out: Path) -> str:
         (
             f"judgments: {summary.judgments} ({summary.cached} from the cache); "
             f"executor calls: {summary.executor_calls}; via {summary.via}"
+            + (
+                f"; engine ray, {summary.workers} worker(s)"
+                if summary.backend == "ray"
+                else ""
+            )
         ),
         (
             f"LLM calls: {usage.calls}; tokens: {usage.describe()}; "

@@ -182,7 +182,7 @@ LAYERS = [
     {"learning", "batch"},
     {"engine"},
     {"settings", "estimate"},
-    {"retrievers", "query_graph", "middleware", "bulk"},
+    {"retrievers", "query_graph", "middleware", "bulk", "bulk_ray"},
     {"demo", "cli", "local_model"},
 ]
 
