@@ -374,11 +374,14 @@ def extraction_answers(sections: Iterable[Section], schema: RuleSchema) -> Answe
     the prompt escaped is answered as the document has it, so the run reads the
     answers back as it reads a faithful model's.
     """
-    by_text: dict[str, Section] = {}
+    # Each section's spans are found once: phase 1's answer is them.
+    spans_of: dict[str, list[SpanRecord]] = {}
     originals: dict[str, str] = {}
     for section in sections:
-        by_text.setdefault(escape_delimiters(section.text), section)
-        for span in (*_normative_spans(section), *phases.whole_section_spans(section)):
+        spans = spans_of.setdefault(
+            escape_delimiters(section.text), _normative_spans(section)
+        )
+        for span in (*spans, *phases.whole_section_spans(section)):
             originals.setdefault(escape_delimiters(span.text), span.text)
 
     def answer(messages: Sequence[BaseMessage]) -> str:
@@ -386,8 +389,7 @@ def extraction_answers(sections: Iterable[Section], schema: RuleSchema) -> Answe
         phase = _phase(messages)
         if phase == "spans":
             found = _SECTION.search(prompt)
-            section = by_text.get(found.group(1)) if found else None
-            return _spans_answer([] if section is None else _normative_spans(section))
+            return _spans_answer(spans_of.get(found.group(1), []) if found else [])
         listed = [(local, originals.get(t, t)) for local, t in _listed(prompt)]
         if phase == "atomics":
             return _units_answer(listed)
