@@ -225,23 +225,29 @@ def _parquet_inputs(path: Path, what: str) -> Iterator[tuple[int, BulkInput]]:
     for number, (identifier, text) in enumerate(zip(ids, texts, strict=True), 1):
         yield (
             number,
-            _input_of(
-                value={"id": identifier, "input": text}, where=f"{what}, row {number}"
-            ),
+            _input_from({"id": identifier, "input": text}, f"{what}, row {number}"),
         )
 
 
-def _input_of(line: str | None = None, where: str = "", value: Any = None) -> BulkInput:
-    example = '{"id": "a-1", "input": "the text to check"}'
-    if line is not None:
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as error:
-            msg = (
-                f"{where}: not JSON ({error.msg} at column {error.colno}); "
-                f"expected {example}."
-            )
-            raise BulkInputError(msg) from None
+_EXAMPLE = '{"id": "a-1", "input": "the text to check"}'
+
+
+def _input_of(line: str, where: str) -> BulkInput:
+    """The input a JSON Lines line holds."""
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as error:
+        msg = (
+            f"{where}: not JSON ({error.msg} at column {error.colno}); "
+            f"expected {_EXAMPLE}."
+        )
+        raise BulkInputError(msg) from None
+    return _input_from(value, where)
+
+
+def _input_from(value: Any, where: str) -> BulkInput:
+    """The input an object holds (a JSON line's, or a Parquet row's), checked."""
+    example = _EXAMPLE
     if not isinstance(value, dict):
         kind = type(value).__name__
         msg = f"{where}: expected a JSON object like {example}, got {kind}."
